@@ -1,0 +1,76 @@
+"""JAX side of the benchmark: the JAX frontend and XLA's scatter-add, both into a donated main_grad.
+
+Each time is the median, over 7 repeats, of a chain of 20 donated calls ended by
+block_until_ready, divided by 20: what a training step sees, dispatch included. Exactness:
+the rows of ids against the core reference on the host (up to 32768 tokens; beyond, the
+host reference takes too long and the torch process's dense check stands). On a CPU the
+kernels run in Pallas interpret mode at a small shape.
+"""
+
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from common import Record, ids_for, parse_args, sizes, write
+
+import jax_frontend
+from embwgrad_core import reference, torch_path
+from embwgrad_core.dtypes import round_to
+
+ON_GPU = jax.default_backend() == "gpu"
+
+
+def chain_ms(step, state, reps=20, repeats=7):
+    state = step(state)
+    state.block_until_ready()
+    if not ON_GPU:  # the interpreter: one call, to show it runs
+        reps, repeats = 1, 1
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(reps):
+            state = step(state)
+        state.block_until_ready()
+        times.append((time.perf_counter() - t) * 1e3 / reps)
+    return statistics.median(times), state
+
+
+def exact_rows(ids_np, grad, before_rows, after_rows, vocab) -> bool:
+    rows, values = reference.weight_grad_rows(ids_np, np.asarray(grad), vocab)
+    expected = round_to(before_rows.astype(np.float32) + values.astype(np.float32), "float32")
+    return bool((np.asarray(after_rows).view(np.int32) == expected.view(np.int32)).all())
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    ns, vocab, hidden = sizes(args, ON_GPU)
+    key = jax.random.PRNGKey(0)
+    main_grad = jax.random.normal(key, (vocab, hidden), jnp.float32)
+    scatter = jax.jit(lambda mg, ids, g: mg.at[ids].add(g.astype(jnp.float32)), donate_argnums=0)
+    records = []
+    for n in ns:
+        grad = jax.random.normal(jax.random.fold_in(key, n), (n, hidden), jnp.float32).astype(jnp.bfloat16)
+        for dist in args.dists:
+            ids_np = ids_for(dist, n, vocab)
+            ids = jnp.asarray(ids_np, jnp.int32)
+            rows = np.unique(ids_np)
+            exact = None
+            if n <= 32768:
+                before = np.asarray(main_grad[rows])
+                main_grad = jax_frontend.accumulate(ids, grad, main_grad)
+                after = np.asarray(main_grad[rows])
+                exact = exact_rows(ids_np, np.asarray(grad).view(ml_dtypes.bfloat16), before, after, vocab)
+            ms, main_grad = chain_ms(lambda mg: jax_frontend.accumulate(ids, grad, mg), main_grad)
+            records.append(Record("jax", "embwgrad", n, dist, ms, exact=exact, note=torch_path(n)))
+            if ON_GPU:
+                ms, main_grad = chain_ms(lambda mg: scatter(mg, ids, grad), main_grad)
+                records.append(Record("jax", "xla_scatter", n, dist, ms))
+    write(records, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""embwgrad_core: the framework-neutral definition of embwgrad (NumPy and ml_dtypes only).
+
+Constants and rules of PyTorch CUDA's embedding backward (SPEC.md), the choice of path, key
+packing, the sort / run / partial plan, and the exact NumPy reference that every
+implementation is tested against. Importing it imports no torch, jax or triton.
+"""
+
+from . import constants, dtypes, plan, reference, validate
+from .constants import ACC_DTYPE, CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, NROWS, RANK_SORT_MAX_TOKENS, SORT, SUPPORTED_DTYPES
+from .plan import KeyPacking, Plan, key_packing, make_plan, pack_keys, partial_buffer_rows, partial_row, torch_path
+from .validate import Problem, check_args
+
+__all__ = [
+    "ACC_DTYPE",
+    "CHUNK",
+    "FEATURE",
+    "FEATURE_PATH_MAX_TOKENS",
+    "NROWS",
+    "RANK_SORT_MAX_TOKENS",
+    "SORT",
+    "SUPPORTED_DTYPES",
+    "KeyPacking",
+    "Plan",
+    "Problem",
+    "check_args",
+    "constants",
+    "dtypes",
+    "key_packing",
+    "make_plan",
+    "pack_keys",
+    "partial_buffer_rows",
+    "partial_row",
+    "plan",
+    "reference",
+    "torch_path",
+    "validate",
+]

@@ -1,0 +1,32 @@
+"""The constants of PyTorch's CUDA embedding backward that embwgrad reproduces (SPEC.md).
+
+Each is defined here once; kernels and references import them.
+"""
+
+import numpy as np
+
+#: Rows summed into one fp32 partial on the sort path (PyTorch's NROWS_PER_THREAD).
+NROWS = 10
+
+#: Largest token count for which PyTorch takes the feature path; more tokens take the sort path.
+FEATURE_PATH_MAX_TOKENS = 3072
+
+#: Positions per chunk on the feature path: each chunk's sum is rounded to the grad dtype.
+CHUNK = 32
+
+#: Every sum is accumulated in this dtype, whatever the grad and main_grad dtypes.
+ACC_DTYPE = np.dtype(np.float32)
+
+#: The floating dtypes accepted for grad and for main_grad, by name.
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+
+#: Up to this many tokens the frontends sort by counting ranks (O(n^2) comparisons in one
+#: kernel); above it they call their framework's radix sort. An implementation choice, not
+#: arithmetic: any stable sort gives the same bits. Measured on the H200 (benchmarks/NOTES.md):
+#: at 8192 tokens counting costs 52 us against 318 us for torch.sort's route, at 32768 232 us
+#: against 375 us; XLA's sort is bitonic below about 22000 keys.
+RANK_SORT_MAX_TOKENS = 32768
+
+#: Path names, as :func:`embwgrad_core.plan.torch_path` returns them.
+FEATURE = "feature"
+SORT = "sort"

@@ -1,0 +1,192 @@
+"""Which path PyTorch takes, key packing, and the sort / run / partial plan as plain arrays.
+
+The plan is what every implementation computes before it touches a gradient row:
+
+* the tokens sorted stably by id (``sorted_keys``, ``sorted_pos``): a token's *key* is its id,
+  or -1 for a token that adds nothing (its id is ``padding_idx`` or lies outside [0, V));
+* *runs*: the sorted slots of one key (``run_start``, ``run_end`` for every slot);
+* *partials*: pieces of a run summed in fp32 before the run's fold. On the sort path a
+  partial is NROWS consecutive slots counted from the run's start; on the feature path it is
+  the run's tokens inside one CHUNK of positions. ``partial_ord`` is a slot's partial's
+  ordinal k within its run;
+* *long runs*: runs of more than one partial, whose partials are written to a scratch buffer
+  at ``partial_row(run_start, k)`` and folded in order by a second kernel.
+
+Kernel stages in both frontends are tested against these arrays.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .constants import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, NROWS, SORT
+
+
+def torch_path(num_tokens: int) -> str:
+    """The path PyTorch's CUDA embedding backward takes for this many tokens: FEATURE or SORT."""
+    return FEATURE if num_tokens <= FEATURE_PATH_MAX_TOKENS else SORT
+
+
+def sanitize_ids(ids, num_embeddings: int, padding_idx: int = -1) -> np.ndarray:
+    """int64 keys: the id, or -1 where the token adds nothing (id == padding_idx or outside [0, V))."""
+    ids = np.asarray(ids).reshape(-1).astype(np.int64)
+    keep = (ids >= 0) & (ids < num_embeddings) & (ids != padding_idx)
+    return np.where(keep, ids, -1)
+
+
+@dataclass(frozen=True)
+class KeyPacking:
+    """A key and a position in one unsigned integer: ``(key + 1) << pos_bits | pos``.
+
+    Sorting packed integers sorts by key, then by position: the stable sort a plan needs.
+    """
+
+    id_bits: int  #: bits for key + 1 in [0, V]
+    pos_bits: int  #: bits for a position in [0, n)
+
+    @property
+    def total_bits(self) -> int:
+        return self.id_bits + self.pos_bits
+
+    @property
+    def dtype(self) -> str | None:
+        """"uint32" or "uint64", the narrowest that holds a packed key; None if none does."""
+        if self.total_bits <= 32:
+            return "uint32"
+        if self.total_bits <= 64:
+            return "uint64"
+        return None
+
+
+def key_packing(num_tokens: int, num_embeddings: int) -> KeyPacking:
+    """How many bits a packed key needs for n tokens of a V-row vocabulary."""
+    return KeyPacking(id_bits=int(num_embeddings).bit_length(), pos_bits=max(int(num_tokens) - 1, 0).bit_length())
+
+
+def pack_keys(keys: np.ndarray, packing: KeyPacking) -> np.ndarray:
+    """Pack sanitized keys (position = index) into unsigned integers of ``packing.dtype``."""
+    keys = np.asarray(keys, dtype=np.int64)
+    pos = np.arange(keys.size, dtype=np.uint64)
+    return (((keys + 1).astype(np.uint64) << np.uint64(packing.pos_bits)) | pos).astype(packing.dtype)
+
+
+def unpack_keys(packed: np.ndarray, packing: KeyPacking) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, positions) of packed keys, as int64."""
+    packed = np.asarray(packed).astype(np.uint64)
+    pos = packed & np.uint64((1 << packing.pos_bits) - 1)
+    keys = (packed >> np.uint64(packing.pos_bits)).astype(np.int64) - 1
+    return keys, pos.astype(np.int64)
+
+
+def partial_row(run_start, k, path: str):
+    """Row of the partial-sum scratch buffer that holds partial k of the run starting at slot run_start.
+
+    Only runs of more than one partial use the buffer. Feature path: ``run_start + k`` (a run
+    has no more partials than slots). Sort path: with s = run_start + NROWS * k, row
+    ``2 * (s // NROWS) + (k == 0)``: a long run has at least NROWS + 1 slots, so at most one
+    run's first partial and one other run's later partial start in any NROWS slots, and the
+    buffer needs only ``partial_buffer_rows`` = 2 * ceil(n / NROWS) rows.
+
+    Plain integer arithmetic, so it takes Python ints, NumPy arrays and traced JAX scalars
+    alike (the JAX kernels call it; Triton kernels cannot call Python and spell it out).
+    """
+    if path == FEATURE:
+        return run_start + k
+    return 2 * ((run_start + NROWS * k) // NROWS) + (k == 0)
+
+
+def partial_buffer_rows(num_tokens: int, path: str) -> int:
+    """Rows of the partial-sum scratch buffer (each H fp32 values)."""
+    return num_tokens if path == FEATURE else 2 * (-(-num_tokens // NROWS))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The sort / run / partial plan of one call (module docstring). Arrays are int64."""
+
+    path: str
+    num_tokens: int
+    # One entry per sorted slot.
+    sorted_keys: np.ndarray
+    sorted_pos: np.ndarray
+    run_start: np.ndarray
+    run_end: np.ndarray
+    partial_start: np.ndarray  #: bool: the slot begins a partial
+    partial_ord: np.ndarray  #: ordinal of the slot's partial within its run
+    # One entry per partial, in slot order.
+    partial_slot: np.ndarray
+    partial_len: np.ndarray
+    partial_run: np.ndarray  #: index of the partial's run
+    # One entry per run, in slot order.
+    run_slot: np.ndarray
+    run_len: np.ndarray
+    run_key: np.ndarray
+    run_partials: np.ndarray  #: number of partials
+    run_first_partial: np.ndarray  #: index of the run's first partial
+
+    @property
+    def long_runs(self) -> np.ndarray:
+        """[(run_start, num_partials)] of the runs of more than one partial that add to main_grad."""
+        keep = (self.run_partials > 1) & (self.run_key >= 0)
+        return np.stack([self.run_slot[keep], self.run_partials[keep]], axis=1)
+
+    @property
+    def partial_rows(self) -> np.ndarray:
+        """Scratch-buffer row of every partial (meaningful for partials of long runs)."""
+        k = self.partial_ord[self.partial_slot]
+        return partial_row(self.run_start[self.partial_slot], k, self.path)
+
+
+def make_plan(ids, num_embeddings: int, *, padding_idx: int = -1, path: str | None = None) -> Plan:
+    """The plan for ids (any shape, flattened in row-major order) into a V-row vocabulary.
+
+    path defaults to PyTorch's choice for this many tokens; tests pass the other to exercise
+    both arithmetics at any size.
+    """
+    keys = sanitize_ids(ids, num_embeddings, padding_idx)
+    n = keys.size
+    path = torch_path(n) if path is None else path
+    if path not in (FEATURE, SORT):
+        raise ValueError(f"path={path!r} must be {FEATURE!r} or {SORT!r}")
+    order = np.argsort(keys, kind="stable")
+    sorted_keys, sorted_pos = keys[order], order.astype(np.int64)
+    slots = np.arange(n, dtype=np.int64)
+
+    new_run = np.ones(n, dtype=bool)
+    new_run[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    run_slot = slots[new_run]
+    run_index = np.cumsum(new_run) - 1
+    run_len = np.diff(np.append(run_slot, n))
+    run_start = run_slot[run_index]
+    run_end = run_start + run_len[run_index]
+
+    if path == SORT:
+        partial_start = (slots - run_start) % NROWS == 0
+    else:
+        chunk = sorted_pos // CHUNK
+        partial_start = new_run.copy()
+        partial_start[1:] |= chunk[1:] != chunk[:-1]
+    partial_index = np.cumsum(partial_start) - 1
+    partial_slot = slots[partial_start]
+    run_first_partial = partial_index[run_slot] if n else np.zeros(0, np.int64)
+    partial_ord = partial_index - run_first_partial[run_index]
+    run_partials = np.diff(np.append(run_first_partial, partial_slot.size))
+
+    return Plan(
+        path=path,
+        num_tokens=n,
+        sorted_keys=sorted_keys,
+        sorted_pos=sorted_pos,
+        run_start=run_start,
+        run_end=run_end,
+        partial_start=partial_start,
+        partial_ord=partial_ord,
+        partial_slot=partial_slot,
+        partial_len=np.diff(np.append(partial_slot, n)),
+        partial_run=run_index[partial_slot],
+        run_slot=run_slot,
+        run_len=run_len,
+        run_key=sorted_keys[run_slot],
+        run_partials=run_partials,
+        run_first_partial=run_first_partial,
+    )

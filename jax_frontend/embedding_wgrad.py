@@ -1,0 +1,561 @@
+"""main_grad + embedding_dense_backward(grad, ids) in Pallas (Triton lowering), with PyTorch CUDA's bits.
+
+The JAX twin of torch_frontend/embedding_wgrad.py: the same four stages, the same fp32 adds
+in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
+
+1. Sort the tokens by key, stably. Up to RANK_SORT_MAX_TOKENS (and always on the feature
+   path) ``_rank_kernel`` sorts by counting: every token's slot is the number of tokens that
+   sort before it, O(n^2) comparisons over n / block_i programs. Pallas has no sort inside a
+   kernel, and XLA's sort of 8192 keys costs about 50 us on the H200, a third of the 134 us
+   floor. Counting costs about the same today (52 us for the torch twin at 8192 tokens,
+   benchmarks/NOTES.md), but it is ours to make faster, it runs inside the same fused plan
+   as the run starts, and on the feature path it also gives every token its chunk's ordinal
+   within its run. Above the threshold ``lax.sort`` (see ``_sort``), where XLA uses CUB's
+   radix sort and the grad bytes dwarf it.
+2. ``_runs_kernel`` finds every sorted slot's run start by binary search.
+3. ``_partials_kernel``: one program per (slot, H block) that starts a partial sums the
+   partial's rows in fp32, in order. A run of one partial is finished there (rounded and
+   added into main_grad); a longer run's partials go to a scratch buffer at
+   ``embwgrad_core.partial_row``, and its last partial appends the run to a list.
+4. ``_long_runs_kernel`` folds each listed run's partials in order, rounds, adds to main_grad.
+
+No atomics touch floating-point data; the one atomic counts the long-run list, whose order
+does not matter. bf16 rounding is integer bit operations (as in the torch kernels), so both
+frontends round by the same formula whatever a lowering does with fp32 -> bf16.
+
+JAX specifics:
+
+* In place: ``accumulate`` is jitted with main_grad donated, and every pallas_call that writes
+  main_grad aliases it (``input_output_aliases``), so ``main_grad = accumulate(ids, grad,
+  main_grad)`` updates the buffer with no copy and no [V, H] temporary, also inside a user's
+  jit or a ``lax.scan`` that carries main_grad. Kernels read and write main_grad through the
+  output ref: in interpret mode the aliased input ref is a separate, stale copy.
+* The lowering is pinned to Triton: every pallas_call gets ``plgpu.CompilerParams``; without
+  them jax >= 0.9 lowers GPU pallas_calls with Mosaic GPU, which these kernels (gathers,
+  scatters, scalar loads and atomics) are not written for.
+* On CPU (``jax.default_backend() == "cpu"``, decided at trace time) the same kernels run in
+  Pallas interpret mode, one program at a time, with larger rank tiles to stay quick.
+
+Limits: n and V below 2**31 (keys and positions are int32). jax 0.11 deprecates the Pallas
+Triton backend (SPEC.md): a Mosaic GPU port is the way forward. Interpret mode is for tests: it
+runs every program in turn. There XLA:CPU flushes fp32 subnormals to zero (FTZ/DAZ), so
+subnormal inputs count as signed zeros; the GPU keeps them, as PyTorch does. GPU tiles are
+first guesses, not yet tuned on the H200.
+"""
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from embwgrad_core import CHUNK, FEATURE, NROWS, RANK_SORT_MAX_TOKENS, SORT, key_packing, partial_buffer_rows, partial_row, torch_path
+from embwgrad_core.validate import Problem, check_args
+
+#: (block_i, block_j) of _rank_kernel in interpret mode, where every program step is an XLA:CPU
+#: loop iteration: large tiles keep it fast. Tests shrink them to cross tile boundaries.
+INTERPRET_RANK_TILES = {SORT: (256, 256), FEATURE: (8 * CHUNK, CHUNK)}
+
+#: The three ways to sort (_Config.sort).
+RANK, PACKED, PAIRS = "rank", "packed", "pairs"
+
+_INT32_MAX = 2**31 - 1
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+def _round(x, dtype: str):
+    """fp32 -> dtype ("float32", "bfloat16", "float16"), round to nearest even, returned as fp32."""
+    if dtype == "bfloat16":
+        bits = lax.bitcast_convert_type(x, jnp.uint32)
+        rounded = ((bits + jnp.uint32(0x7FFF) + ((bits >> 16) & 1)) >> 16) << 16
+        rounded = jnp.where(x != x, ((bits | jnp.uint32(0x400000)) >> 16) << 16, rounded)  # NaN stays NaN
+        return lax.bitcast_convert_type(rounded, jnp.float32)
+    if dtype == "float16":
+        return x.astype(jnp.float16).astype(jnp.float32)
+    return x
+
+
+def _add_to_row(main_grad_ref, row, h0, live_h, gw, dtype: str):
+    """main_grad[row, h0 : h0 + len(gw)] = round(float(main_grad) + gw): main_grad.add_ of one row block."""
+    block = main_grad_ref.at[row, pl.ds(h0, gw.shape[0])]
+    old = plgpu.load(block, mask=live_h, other=0).astype(jnp.float32)
+    plgpu.store(block, _round(old + gw, dtype).astype(main_grad_ref.dtype), mask=live_h)
+
+
+def _keys(ids, num_embeddings: int, padding_idx: int):
+    """int32 keys (embwgrad_core.plan.sanitize_ids): the id, or -1 for a token that adds nothing."""
+    keep = (ids >= 0) & (ids < num_embeddings) & (ids != padding_idx)
+    return jnp.where(keep, ids, -1).astype(jnp.int32)
+
+
+def _load_keys(ids_ref, start, size: int, *, n: int, num_embeddings: int, padding_idx: int):
+    """(positions, keys) of ids[start : start + size]; positions past n get key -1."""
+    pos = start + lax.iota(jnp.int32, size)
+    ids = plgpu.load(ids_ref.at[pl.ds(start, size)], mask=pos < n, other=-1)
+    return pos, _keys(ids, num_embeddings, padding_idx)
+
+
+def _rank_kernel(
+    # Inputs
+    ids_ref,  # int32/int64 [n]: token ids in position order
+    # Outputs
+    sorted_keys_ref,  # int32 [n]: keys in sorted order
+    sorted_pos_ref,  # int32 [n]: positions in sorted order
+    partial_ord_ref=None,  # int32 [n], feature path only: ordinal of the slot's chunk within its run
+    *,
+    n: int,
+    num_embeddings: int,  # V
+    padding_idx: int,  # id that adds nothing, or -1
+    block_i: int,  # tokens ranked per program (a multiple of block_j)
+    block_j: int,  # tokens compared per step (CHUNK on the feature path)
+):
+    feature = partial_ord_ref is not None
+    load = functools.partial(_load_keys, ids_ref, n=n, num_embeddings=num_embeddings, padding_idx=padding_idx)
+    i0 = pl.program_id(0) * block_i
+    i, key_i = load(i0, block_i)
+    live_i = i < n
+    start = (jnp.zeros((block_i, block_j), jnp.int32), jnp.zeros((block_i,), jnp.int32))
+
+    def earlier(step, carry):  # tokens at earlier positions sort before i when their key is <= key_i
+        before, chunks = carry
+        _, key_j = load(step * block_j, block_j)
+        before += (key_j[None, :] <= key_i[:, None]).astype(jnp.int32)
+        if feature:  # block_j == CHUNK: this block is one earlier chunk
+            chunks += jnp.max((key_j[None, :] == key_i[:, None]).astype(jnp.int32), axis=1)
+        return before, chunks
+
+    before, chunks = lax.fori_loop(0, i0 // block_j, earlier, start)
+    for j0 in range(0, block_i, block_j):  # inside the block, ties go by position
+        j, key_j = load(i0 + j0, block_j)
+        live_j = (j < n)[None, :]
+        same = (key_j[None, :] == key_i[:, None]) & live_j
+        first = (key_j[None, :] < key_i[:, None]) | (same & (j[None, :] < i[:, None]))
+        before += (first & live_j).astype(jnp.int32)
+        if feature:
+            earlier_chunk = (i0 + j0) // CHUNK < i // CHUNK
+            chunks += jnp.where(earlier_chunk, jnp.max(same.astype(jnp.int32), axis=1), 0)
+
+    def later(step, before):  # tokens at later positions sort before i when their key is < key_i
+        j, key_j = load(step * block_j, block_j)
+        key_j = jnp.where(j < n, key_j, _INT32_MAX)
+        return before + (key_j[None, :] < key_i[:, None]).astype(jnp.int32)
+
+    before = lax.fori_loop((i0 + block_i) // block_j, pl.cdiv(n, block_j), later, before)
+    rank = jnp.sum(before, axis=1, dtype=jnp.int32)
+    # Lanes past n scatter past the end: interpret mode writes masked lanes back with their old
+    # value, which would race with a live lane's write to the same slot.
+    slot = jnp.where(live_i, rank, i)
+    plgpu.store(sorted_keys_ref.at[slot], key_i, mask=live_i)
+    plgpu.store(sorted_pos_ref.at[slot], i, mask=live_i)
+    if feature:
+        plgpu.store(partial_ord_ref.at[slot], chunks, mask=live_i)
+
+
+def _runs_kernel(
+    # Inputs
+    sorted_keys_ref,  # int32 [n]: keys in sorted order
+    # Outputs
+    run_start_ref,  # int32 [n]: first slot of each slot's run
+    long_count_ref,  # int32 [1]: the long-run counter, zeroed here
+    *,
+    n: int,
+    block: int,  # slots per program
+):
+    s0 = pl.program_id(0) * block
+    s = s0 + lax.iota(jnp.int32, block)
+    live = s < n
+    key = plgpu.load(sorted_keys_ref.at[pl.ds(s0, block)], mask=live, other=0)
+
+    def halve(_, bounds):  # the run start lies in [lo, hi]
+        lo, hi = bounds
+        mid = (lo + hi) // 2
+        below = plgpu.load(sorted_keys_ref.at[mid], mask=live, other=0) < key
+        return jnp.where(below, mid + 1, lo), jnp.where(below, hi, mid)
+
+    lo, _ = lax.fori_loop(0, n.bit_length(), halve, (jnp.zeros((block,), jnp.int32), s))
+    plgpu.store(run_start_ref.at[pl.ds(s0, block)], lo, mask=live)
+
+    @pl.when(pl.program_id(0) == 0)
+    def _():
+        long_count_ref[0] = jnp.int32(0)
+
+
+def _partials_kernel(
+    # Inputs
+    partial_ord_ref,  # int32 [n], feature path only (None on the sort path): ordinal of the slot's chunk within its run
+    sorted_keys_ref,  # int32 [n]: keys in sorted order
+    sorted_pos_ref,  # int32 [n]: positions in sorted order
+    run_start_ref,  # int32 [n]: first slot of each slot's run
+    grad_ref,  # [n, H] bf16/fp16/fp32: position p's row is row p
+    main_grad_in_ref,  # [V, H]: aliased to main_grad_ref, never read (stale in interpret mode)
+    long_count_in_ref,  # int32 [1]: aliased to long_count_ref, never read
+    # Outputs
+    main_grad_ref,  # [V, H] bf16/fp16/fp32: rows of runs of one partial get their gradient
+    partials_ref,  # fp32 [partial_buffer_rows, H]: partial sums of long runs, at partial_row
+    long_runs_ref,  # int32 [max_long_runs, 2]: (run start, number of partials) of each long run
+    long_count_ref,  # int32 [1]: number of long runs listed
+    *,
+    n: int,
+    hidden: int,  # H
+    path: str,  # FEATURE (partials are chunks) or SORT (partials are NROWS slots)
+    grad_dtype: str,
+    main_grad_dtype: str,
+    block_h: int,
+):
+    del main_grad_in_ref, long_count_in_ref
+    feature = path == FEATURE
+    s, hb = pl.program_id(0), pl.program_id(1)  # read here: interpret mode has no program ids inside pl.when
+    h0 = hb * block_h
+    key = sorted_keys_ref[s]
+    run_start = run_start_ref[s]
+    if feature:
+        chunk = sorted_pos_ref[s] // CHUNK
+        prev_chunk = plgpu.load(sorted_pos_ref.at[s - 1], mask=s > run_start, other=-CHUNK) // CHUNK
+        starts = (s == run_start) | (prev_chunk != chunk)
+        k = partial_ord_ref[s]
+    else:
+        starts = (s - run_start) % NROWS == 0
+        k = (s - run_start) // NROWS
+
+    @pl.when((key >= 0) & starts)
+    def _():
+        cols = h0 + lax.iota(jnp.int32, block_h)
+        live_h = cols < hidden
+        acc = jnp.zeros((block_h,), jnp.float32)
+        count = jnp.int32(0)
+        for t in range(CHUNK if feature else NROWS):
+            slot = s + t
+            key_t = plgpu.load(sorted_keys_ref.at[slot], mask=slot < n, other=-2)
+            pos_t = plgpu.load(sorted_pos_ref.at[slot], mask=slot < n, other=0)
+            mine = key_t == key
+            if feature:
+                mine &= pos_t // CHUNK == chunk
+            g = plgpu.load(grad_ref.at[pos_t, pl.ds(h0, block_h)], mask=live_h & mine, other=0)
+            acc += g.astype(jnp.float32)  # acc is never -0, so adding +0 for a row not taken leaves it
+            count += mine.astype(jnp.int32)
+        after = s + count
+        is_last = plgpu.load(sorted_keys_ref.at[after], mask=after < n, other=-2) != key
+        is_first = s == run_start
+
+        @pl.when(is_first & is_last)
+        def _():
+            # +0 + s (sort path) and +0 + round(s) (feature path) both round to round(s).
+            _add_to_row(main_grad_ref, key, h0, live_h, _round(acc, grad_dtype), main_grad_dtype)
+
+        @pl.when(~(is_first & is_last))
+        def _():
+            row = partial_row(run_start, k, path).astype(jnp.int32)
+            plgpu.store(partials_ref.at[row, pl.ds(h0, block_h)], acc, mask=live_h)
+
+            @pl.when(is_last & (hb == 0))
+            def _():
+                entry = plgpu.atomic_add(long_count_ref, jnp.int32(0), jnp.int32(1))
+                long_runs_ref[entry, 0] = run_start
+                long_runs_ref[entry, 1] = k + 1
+
+
+def _long_runs_kernel(
+    # Inputs
+    long_runs_ref,  # int32 [max_long_runs, 2]: (run start, number of partials) of each long run
+    long_count_ref,  # int32 [1]: number of long runs listed
+    sorted_keys_ref,  # int32 [n]: keys in sorted order
+    partials_ref,  # fp32 [partial_buffer_rows, H]: partial sums of long runs
+    main_grad_in_ref,  # [V, H]: aliased to main_grad_ref, never read
+    # Outputs
+    main_grad_ref,  # [V, H] bf16/fp16/fp32: rows of long runs get their gradient
+    *,
+    hidden: int,
+    path: str,
+    grad_dtype: str,
+    main_grad_dtype: str,
+    block_h: int,
+):
+    del main_grad_in_ref
+    feature = path == FEATURE
+    program, programs = pl.program_id(0), pl.num_programs(0)
+    h0 = pl.program_id(1) * block_h
+    live_h = h0 + lax.iota(jnp.int32, block_h) < hidden
+
+    def fold_run(t, carry):  # long runs program, program + programs, ...
+        entry = program + t * programs
+        run_start = long_runs_ref[entry, 0]
+        num_partials = long_runs_ref[entry, 1]
+
+        def add_partial(k, acc):
+            row = partial_row(run_start, k, path).astype(jnp.int32)
+            part = plgpu.load(partials_ref.at[row, pl.ds(h0, block_h)], mask=live_h, other=0.0)
+            if feature:
+                return _round(acc + _round(part, grad_dtype), grad_dtype)
+            return acc + part
+
+        acc = lax.fori_loop(0, num_partials, add_partial, jnp.zeros((block_h,), jnp.float32))
+        if not feature:
+            acc = _round(acc, grad_dtype)
+        _add_to_row(main_grad_ref, sorted_keys_ref[run_start], h0, live_h, acc, main_grad_dtype)
+        return carry
+
+    lax.fori_loop(0, (long_count_ref[0] - program + programs - 1) // programs, fold_run, None)
+
+
+# ----------------------------------------------------------------------------- launch helpers
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """Launch parameters for one problem: the frontend's one heuristics helper (_config) fills it."""
+
+    path: str  # FEATURE or SORT arithmetic
+    sort: str  # RANK (_rank_kernel), PACKED (lax.sort of packed uint32 keys), PAIRS (stable lax.sort of (key, position))
+    interpret: bool  # Pallas interpret mode (CPU)
+    block_i: int  # _rank_kernel tiles
+    block_j: int
+    runs_block: int  # _runs_kernel slots per program
+    block_h: int  # _partials_kernel columns per program
+    long_block_h: int  # _long_runs_kernel columns per program
+    long_programs: int  # _long_runs_kernel programs along the run list
+    max_long_runs: int  # rows of the long-run list
+    num_warps: int
+    num_stages: int
+
+
+def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
+    """The launch parameters; overrides ((field, value), ...) lets tests force a sort or small tiles."""
+    n, hidden = problem.num_tokens, problem.hidden
+    if path not in (FEATURE, SORT):
+        raise ValueError(f"path={path!r} must be {FEATURE!r} or {SORT!r}")
+    feature = path == FEATURE
+    interpret = dict(overrides).get("interpret", jax.default_backend() == "cpu")  # read first: it sets the tiles
+    if feature or n <= RANK_SORT_MAX_TOKENS:
+        sort = RANK  # the feature path needs the chunk ordinals that only _rank_kernel gives
+    elif key_packing(n, problem.num_embeddings).dtype == "uint32":
+        sort = PACKED
+    else:
+        sort = PAIRS
+    max_long_runs = max(1, n // 2 if feature else n // (NROWS + 1))  # a long run has > 1 partial
+    if interpret:  # one H block per program and few long-run programs: fewer interpreter steps
+        block_i, block_j = INTERPRET_RANK_TILES[path]
+        block_h = long_block_h = pl.next_power_of_2(hidden)
+        long_programs = min(4, max_long_runs)
+    else:
+        block_i, block_j = (64, CHUNK) if feature else (128, 64)  # block_i a multiple of block_j
+        block_h = min(1024, pl.next_power_of_2(hidden))
+        long_block_h = min(256, block_h)
+        long_programs = max(1, min(max_long_runs, 1024 // pl.cdiv(hidden, long_block_h)))
+    cfg = _Config(
+        path=path,
+        sort=sort,
+        interpret=interpret,
+        block_i=block_i,
+        block_j=block_j,
+        runs_block=1024,
+        block_h=block_h,
+        long_block_h=long_block_h,
+        long_programs=long_programs,
+        max_long_runs=max_long_runs,
+        num_warps=4,
+        num_stages=2,
+    )
+    cfg = dataclasses.replace(cfg, **dict(overrides))
+    if cfg.sort not in (RANK, PACKED, PAIRS) or (feature and cfg.sort != RANK):
+        raise ValueError(f"sort={cfg.sort!r} must be {RANK!r} on the feature path, else {RANK!r}, {PACKED!r} or {PAIRS!r}")
+    if cfg.block_i % cfg.block_j or (feature and cfg.block_j != CHUNK):
+        raise ValueError(f"block_i={cfg.block_i} must be a multiple of block_j={cfg.block_j} (CHUNK on the feature path)")
+    return cfg
+
+
+def _call(kernel, cfg: _Config, *, out_shape, grid, name: str, input_output_aliases=None, **static):
+    """pl.pallas_call pinned to the Triton lowering (interpret mode on CPU)."""
+    return pl.pallas_call(
+        functools.partial(kernel, **static),
+        out_shape=out_shape,
+        grid=grid,
+        input_output_aliases=input_output_aliases or {},
+        compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        interpret=cfg.interpret,
+        name=name,
+    )
+
+
+class _Stages(NamedTuple):
+    """Every stage's output (embwgrad_core.plan names each piece); main_grad is the result."""
+
+    sorted_keys: jax.Array  # int32 [n]
+    sorted_pos: jax.Array  # int32 [n]
+    partial_ord: jax.Array | None  # int32 [n], feature path only
+    run_start: jax.Array  # int32 [n]
+    partials: jax.Array  # fp32 [partial_buffer_rows, H]: meaningful at the partial rows of long runs
+    long_runs: jax.Array  # int32 [max_long_runs, 2]: the first long_count rows are meaningful
+    long_count: jax.Array  # int32 [1]
+    main_grad: jax.Array  # [V, H]
+
+
+def _sort(ids, problem: Problem, cfg: _Config):
+    """Stage 1: (sorted_keys, sorted_pos, partial_ord or None), the tokens sorted stably by key."""
+    n, vocab = problem.num_tokens, problem.num_embeddings
+    if cfg.sort == RANK:
+        feature = cfg.path == FEATURE
+        slots = jax.ShapeDtypeStruct((n,), jnp.int32)
+        outs = _call(
+            _rank_kernel,
+            cfg,
+            out_shape=[slots] * (3 if feature else 2),
+            grid=(pl.cdiv(n, cfg.block_i),),
+            name="embwgrad_rank",
+            n=n,
+            num_embeddings=vocab,
+            padding_idx=problem.padding_idx,
+            block_i=cfg.block_i,
+            block_j=cfg.block_j,
+        )(ids)
+        return outs[0], outs[1], outs[2] if feature else None
+    keys = _keys(ids, vocab, problem.padding_idx)
+    pos = lax.iota(jnp.int32, n)
+    if cfg.sort == PACKED:
+        # (key + 1) << pos_bits | pos in one uint32: every packed key is distinct, so any sort is
+        # the stable one, and one 32-bit operand is the cheapest sort XLA has (on Hopper a
+        # keys-only CUB radix sort above ~22k elements), half the bytes of a (key, position) pair.
+        pos_bits = key_packing(n, vocab).pos_bits
+        packed = lax.sort(((keys + 1).astype(jnp.uint32) << pos_bits) | pos.astype(jnp.uint32))
+        sorted_keys = (packed >> pos_bits).astype(jnp.int32) - 1
+        sorted_pos = (packed & jnp.uint32((1 << pos_bits) - 1)).astype(jnp.int32)
+        return sorted_keys, sorted_pos, None
+    # More than 32 bits of key and position: sort the pair, keys only compared, stably.
+    sorted_keys, sorted_pos = lax.sort((keys, pos), num_keys=1, is_stable=True)
+    return sorted_keys, sorted_pos, None
+
+
+def _runs(sorted_keys, problem: Problem, cfg: _Config):
+    """Stage 2: (run_start, long_count zeroed)."""
+    n = problem.num_tokens
+    return _call(
+        _runs_kernel,
+        cfg,
+        out_shape=[jax.ShapeDtypeStruct((n,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32)],
+        grid=(pl.cdiv(n, cfg.runs_block),),
+        name="embwgrad_runs",
+        n=n,
+        block=cfg.runs_block,
+    )(sorted_keys)
+
+
+def _partials(plan, grad, main_grad, long_count, problem: Problem, cfg: _Config):
+    """Stage 3: sum every partial, finish runs of one partial, list the long runs.
+
+    plan is (sorted_keys, sorted_pos, partial_ord or None, run_start). Returns (main_grad,
+    partials, long_runs, long_count), main_grad and long_count aliased to the inputs.
+    """
+    sorted_keys, sorted_pos, partial_ord, run_start = plan
+    n, hidden = problem.num_tokens, problem.hidden
+    feature = cfg.path == FEATURE
+    kernel = _partials_kernel if feature else functools.partial(_partials_kernel, None)
+    inputs = [partial_ord] * feature + [sorted_keys, sorted_pos, run_start, grad, main_grad, long_count]
+    return _call(
+        kernel,
+        cfg,
+        out_shape=[
+            jax.ShapeDtypeStruct(main_grad.shape, main_grad.dtype),
+            jax.ShapeDtypeStruct((partial_buffer_rows(n, cfg.path), hidden), jnp.float32),
+            jax.ShapeDtypeStruct((cfg.max_long_runs, 2), jnp.int32),
+            jax.ShapeDtypeStruct((1,), jnp.int32),
+        ],
+        grid=(n, pl.cdiv(hidden, cfg.block_h)),
+        input_output_aliases={len(inputs) - 2: 0, len(inputs) - 1: 3},
+        name="embwgrad_partials",
+        n=n,
+        hidden=hidden,
+        path=cfg.path,
+        grad_dtype=problem.grad_dtype,
+        main_grad_dtype=problem.main_grad_dtype,
+        block_h=cfg.block_h,
+    )(*inputs)
+
+
+def _long_runs(long_runs, long_count, sorted_keys, partials, main_grad, problem: Problem, cfg: _Config):
+    """Stage 4: fold every long run's partials in order and add the result to main_grad (aliased)."""
+    return _call(
+        _long_runs_kernel,
+        cfg,
+        out_shape=jax.ShapeDtypeStruct(main_grad.shape, main_grad.dtype),
+        grid=(cfg.long_programs, pl.cdiv(problem.hidden, cfg.long_block_h)),
+        input_output_aliases={4: 0},
+        name="embwgrad_long_runs",
+        hidden=problem.hidden,
+        path=cfg.path,
+        grad_dtype=problem.grad_dtype,
+        main_grad_dtype=problem.main_grad_dtype,
+        block_h=cfg.long_block_h,
+    )(long_runs, long_count, sorted_keys, partials, main_grad)
+
+
+def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config) -> _Stages:
+    """All four stages on ids [n] (flattened) and grad [n, H] into main_grad [V, H] (aliased)."""
+    sorted_keys, sorted_pos, partial_ord = _sort(ids, problem, cfg)
+    run_start, long_count = _runs(sorted_keys, problem, cfg)
+    plan = (sorted_keys, sorted_pos, partial_ord, run_start)
+    main_grad, partials, long_runs, long_count = _partials(plan, grad, main_grad, long_count, problem, cfg)
+    main_grad = _long_runs(long_runs, long_count, sorted_keys, partials, main_grad, problem, cfg)
+    return _Stages(*plan, partials, long_runs, long_count, main_grad)
+
+
+# ----------------------------------------------------------------------------- public functions
+
+
+def _check(ids, grad, main_grad, padding_idx) -> Problem:
+    for name, x in (("ids", ids), ("grad", grad), ("main_grad", main_grad)):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            raise TypeError(f"{name} must be a jax.Array, got {type(x).__name__}")
+    problem = check_args(
+        ids_shape=ids.shape,
+        ids_is_integer=ids.dtype in (jnp.int32, jnp.int64),
+        ids_dtype=ids.dtype,
+        grad_shape=grad.shape,
+        grad_dtype=grad.dtype,
+        main_grad_shape=main_grad.shape,
+        main_grad_dtype=main_grad.dtype,
+        padding_idx=padding_idx,
+    )
+    for name, size in (("ids.size", problem.num_tokens), ("main_grad.shape[0]", problem.num_embeddings)):
+        if size > _INT32_MAX:
+            raise ValueError(f"{name}={size} must be below 2**31 (keys and positions are int32)")
+    return problem
+
+
+@functools.partial(jax.jit, static_argnames=("padding_idx", "path", "overrides"), donate_argnames=("main_grad",))
+def _accumulate(ids, grad, main_grad, *, padding_idx=None, path=None, overrides=()):
+    """accumulate with knobs for tests: the arithmetic forced to path ("feature" or "sort"; None:
+    PyTorch's choice), _Config fields forced by overrides ((field, value), ...)."""
+    problem = _check(ids, grad, main_grad, padding_idx)
+    n, hidden = problem.num_tokens, problem.hidden
+    if n == 0 or hidden == 0:
+        return main_grad
+    cfg = _config(problem, torch_path(n) if path is None else path, overrides)
+    return _run_stages(ids.reshape(n), grad.reshape(n, hidden), main_grad, problem, cfg).main_grad
+
+
+def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding_idx: int | None = None) -> jax.Array:
+    """main_grad + embedding_dense_backward(grad, ids), with PyTorch CUDA's bits; main_grad is donated.
+
+    Args:
+        ids: int32 [*S] token ids (int64 under jax_enable_x64).
+        grad: [*S, H] float32, bfloat16 or float16: the gradient of the lookup's output.
+        main_grad: [V, H] float32, bfloat16 or float16. Donated: use the returned array, as in
+            ``main_grad = accumulate(ids, grad, main_grad)``, which updates the buffer in place
+            (also inside jax.jit and lax.scan, where XLA keeps the alias).
+        padding_idx: as in torch.nn.functional.embedding: that row gets nothing.
+
+    Returns:
+        The new main_grad [V, H]. Only the rows of ids are read and written: rows of ids that
+        do not occur, of padding_idx, and of ids outside [0, V) (skipped, not checked) keep
+        their bits. On GPU, four Pallas Triton launches (three and a lax.sort above
+        RANK_SORT_MAX_TOKENS tokens); on CPU the same kernels in interpret mode.
+
+    Raises TypeError or ValueError, naming the argument, while tracing: main_grad is then
+    neither donated nor changed. n == 0 or H == 0 returns main_grad unchanged.
+    """
+    return _accumulate(ids, grad, main_grad, padding_idx=padding_idx)

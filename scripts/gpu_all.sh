@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole GPU test suite plus the benchmark, in one call on the H200; a short table last.
+#   bash scripts/gpu_all.sh                 (device tool: logs, JSON and PNG land in $OUT)
+#   BENCH_ARGS="--ns 8192 --dists uniform" PYTEST_ARGS="-k real tests/" bash scripts/gpu_all.sh
+# PYTEST_ARGS="-n 2 tests/" (pytest-xdist is on the H200 image) halves the test time; at -n 6 the
+# workers' JAX and torch caches together exhausted the GPU's memory.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/embwgrad-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 EMBWGRAD_REQUIRE_GPU=1
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import sys, torch, triton, jax; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'jax', jax.__version__)" | tee "$OUT/versions.txt"
+
+timeout ${PYTEST_TIMEOUT:-360} python3 -m pytest -q -rfEs --durations=15 ${PYTEST_ARGS:-tests/} 2>&1 | tee "$OUT/pytest.log"
+pytest_rc=${PIPESTATUS[0]}
+timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/run.py --json "$OUT/bench.json" --png "$OUT/bench.png" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+bench_rc=${PIPESTATUS[0]}
+
+echo
+echo "== summary =="
+cat "$OUT/versions.txt" "$OUT/gpu.txt"
+echo "pytest (exit $pytest_rc): $(grep -E '^[0-9]+ (passed|failed)|[0-9]+ (passed|failed).* in ' "$OUT/pytest.log" | tail -1)"
+echo "benchmark (exit $bench_rc):"
+sed -n '/^| n |/,$p' "$OUT/bench.log"
+exit $(( pytest_rc != 0 || bench_rc != 0 ))

@@ -1,0 +1,190 @@
+"""Cases shared by every test module: core, torch frontend, JAX frontend, cross-framework.
+
+A case is data only (NumPy arrays from a seed), so each framework's tests build their own
+tensors from the same bits. Values are random normals at several scales, never all zeros.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from embwgrad_core import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, NROWS, SORT, reference
+from embwgrad_core.dtypes import bits, numpy_dtype, round_to
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    ids: np.ndarray  #: int64 [*S]
+    hidden: int
+    num_embeddings: int
+    grad_dtype: str = "bfloat16"
+    main_grad_dtype: str = "float32"
+    padding_idx: int | None = None
+    path: str | None = None  #: forced arithmetic (kernel-level tests only); None: PyTorch's choice
+    specials: bool = False  #: sprinkle -0, subnormals, huge values into grad
+    seed: int = 0
+    marks: tuple = field(default=(), compare=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.ids.size)
+
+    def arrays(self):
+        """(ids int64 [*S], grad [*S, H], main_grad [V, H]) as NumPy arrays of the case's dtypes."""
+        ids, grad = self.ids_and_grad()
+        rng = np.random.default_rng(self.seed + 1)
+        main_grad = rng.standard_normal((self.num_embeddings, self.hidden), dtype=np.float32)
+        return ids, grad, main_grad.astype(numpy_dtype(self.main_grad_dtype))
+
+    def ids_and_grad(self):
+        """(ids int64 [*S], grad [*S, H]): GPU tests draw main_grad on the device instead."""
+        rng = np.random.default_rng(self.seed)
+        shape = (*self.ids.shape, self.hidden)
+        scale = np.exp2(rng.integers(-8, 8, size=shape[:-1] + (1,))).astype(np.float32)
+        grad = (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float32)
+        if self.specials and grad.size:
+            flat = grad.reshape(-1)
+            spots = rng.choice(flat.size, size=max(1, flat.size // 8), replace=False)
+            flat[spots] = rng.choice(np.array([-0.0, 0.0, 2.0**-130, -(2.0**-133), 3.0e38, -1e-45], np.float32), spots.size)
+        return self.ids.astype(np.int64), grad.astype(numpy_dtype(self.grad_dtype))
+
+    @property
+    def padding(self) -> int:
+        """padding_idx normalised: in [0, V), or -1."""
+        return -1 if self.padding_idx is None else self.padding_idx % self.num_embeddings
+
+    def expected_rows(self, ids, grad, main_grad_rows_of):
+        """(rows, new values) by the core reference, given main_grad's rows as a function of row indices.
+
+        For the GPU, where copying a [V, H] main_grad to the host would dominate the test.
+        """
+        rows, values = reference.weight_grad_rows(ids, grad, self.num_embeddings, padding_idx=self.padding_idx, path=self.path)
+        old = np.asarray(main_grad_rows_of(rows))
+        new = round_to(old.astype(np.float32) + values.astype(np.float32), self.main_grad_dtype)
+        return rows, new.astype(old.dtype)
+
+
+def runs_ids(lengths, num_embeddings: int, seed: int = 0, shape=None) -> np.ndarray:
+    """Shuffled ids in which id i occurs lengths[i] times (distinct ids drawn from [0, V))."""
+    rng = np.random.default_rng(seed)
+    keys = rng.choice(num_embeddings, size=len(lengths), replace=False)
+    ids = np.repeat(keys, lengths)
+    rng.shuffle(ids)
+    return ids.reshape(shape) if shape else ids
+
+
+def _id_repeated(ids: np.ndarray, times: int) -> int:
+    """An id that occurs exactly `times` times in ids."""
+    values, counts = np.unique(ids, return_counts=True)
+    return int(values[counts == times][0])
+
+
+def uniform_ids(n: int, num_embeddings: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, num_embeddings, size=n)
+
+
+def zipf_ids(n: int, num_embeddings: int, a: float = 1.1, seed: int = 0) -> np.ndarray:
+    """Zipf(a) ranks mapped to ids by a fixed permutation, so frequent ids are spread over V."""
+    rng = np.random.default_rng(seed)
+    ranks = (rng.zipf(a, size=n) - 1) % num_embeddings
+    return rng.permutation(num_embeddings)[ranks]
+
+
+# Run lengths that cross the partial boundaries of both paths: NROWS on the sort path, a
+# chunk's worth on the feature path.
+BOUNDARY_RUNS = (1, NROWS - 1, NROWS, NROWS + 1, 2 * NROWS, 2 * NROWS + 1, CHUNK + 1, 2 * CHUNK + 3)
+
+
+def cpu_cases() -> list[Case]:
+    """Small cases: each runs through the interpreters in a second or two."""
+    cases = []
+    padded = runs_ids((3, 12, 25, 1), 40, seed=7)
+    for path in (SORT, FEATURE):
+        tag = path[0]
+        cases += [
+            Case(f"{tag}-runs-bf16-f32", runs_ids(BOUNDARY_RUNS, 500, seed=1), 37, 500, path=path, seed=1),
+            Case(f"{tag}-runs-f32-bf16", runs_ids(BOUNDARY_RUNS, 500, seed=2), 33, 500, "float32", "bfloat16", path=path, seed=2),
+            Case(f"{tag}-runs-f16-f16", runs_ids(BOUNDARY_RUNS, 500, seed=3), 24, 500, "float16", "float16", path=path, seed=3),
+            Case(f"{tag}-one-token", np.array([7]), 19, 11, path=path, seed=4),
+            Case(f"{tag}-all-distinct", np.random.default_rng(5).permutation(300)[:97], 40, 300, path=path, seed=5),
+            Case(f"{tag}-one-id-2d", np.full((3, 29), 5), 8, 9, path=path, seed=6),
+            # padding_idx, in negative form, names the id that occurs 12 times.
+            Case(f"{tag}-padding", padded, 16, 40, padding_idx=_id_repeated(padded, 12) - 40, path=path, seed=7),
+            Case(f"{tag}-specials", runs_ids((1, 2, 11, 33), 60, seed=8), 40, 60, specials=True, path=path, seed=8),
+            Case(f"{tag}-zipf-2d", zipf_ids(150, 64, seed=9).reshape(5, 30), 24, 64, path=path, seed=9),
+        ]
+    cases += [
+        Case("feature-31", uniform_ids(31, 50, seed=13), 9, 50, seed=13),
+        Case("feature-32", zipf_ids(32, 50, seed=14), 9, 50, seed=14),
+        Case("feature-33", zipf_ids(33, 50, seed=15), 9, 50, seed=15),
+        Case("ids-out-of-range", np.array([3, -1, 7, 100, 3, 2**31 - 1, 0]), 12, 8, seed=10),
+        Case("torch-path-3073", uniform_ids(FEATURE_PATH_MAX_TOKENS + 1, 2000, seed=11), 8, 2000, seed=11),
+    ]
+    return cases
+
+
+#: The real shape: DeepSeek-V3's vocabulary and hidden size.
+REAL_V, REAL_H = 129280, 7168
+
+
+def gpu_cases() -> list[Case]:
+    """Cases at the real shape and around every threshold, for the H200."""
+    cases = []
+    for n in (3073, 4096, 5000, 8192):
+        for dist, ids in (("uniform", uniform_ids(n, REAL_V, seed=n)), ("zipf", zipf_ids(n, REAL_V, seed=n))):
+            for gdt in ("bfloat16", "float32"):
+                cases.append(Case(f"real-{dist}-{n}-{gdt}", ids, REAL_H, REAL_V, gdt, "float32", seed=n))
+    cases += [
+        Case("real-odd-H-uniform-8192", uniform_ids(8192, REAL_V, seed=1), 4099, REAL_V, seed=1),
+        Case("real-odd-H-zipf-6000", zipf_ids(6000, REAL_V, seed=2), 1031, REAL_V, seed=2),
+        Case("real-main-bf16-zipf-8192", zipf_ids(8192, REAL_V, seed=3), REAL_H, REAL_V, "bfloat16", "bfloat16", seed=3),
+        Case("specials-8192", zipf_ids(8192, 5000, seed=4), 512, 5000, specials=True, seed=4),
+    ]
+    for n in (1, 31, 32, 33, 3071, 3072):
+        cases.append(Case(f"feature-zipf-{n}", zipf_ids(n, 2000, seed=n), 1024, 2000, seed=n))
+        cases.append(Case(f"feature-f32-bf16-{n}", uniform_ids(n, 700, seed=n), 771, 700, "float32", "bfloat16", seed=n))
+    cases += [
+        Case("feature-padding-3000", zipf_ids(3000, 500, seed=5), 256, 500, padding_idx=0, seed=5),
+        Case("sort-padding-9000", zipf_ids(9000, 500, seed=6), 256, 500, padding_idx=3, seed=6),
+        Case("sort-fp16-8193", uniform_ids(8193, 20000, seed=7), 640, 20000, "float16", "float16", seed=7),
+        Case("sort-library-sort-65536-zipf", zipf_ids(65536, 32000, seed=8), 256, 32000, seed=8),
+        Case("sort-20000-uniform", uniform_ids(20000, REAL_V, seed=9), 1024, REAL_V, seed=9),
+        # Long context: 2^20 tokens (128k x 8 sequences), and a 2^20-row vocabulary.
+        Case("long-context-2^20-zipf", zipf_ids(2**20, REAL_V, seed=10).reshape(8, 2**17), 64, REAL_V, seed=10),
+        Case("vocab-2^20-uniform-8192", uniform_ids(8192, 2**20, seed=11), 128, 2**20, seed=11),
+        Case("vocab-2^20-ids-at-V-1", np.array([2**20 - 1] * 12 + [0, 5]), 96, 2**20, seed=12),
+    ]
+    # Every pairing of grad and main_grad dtypes, alternately on each path.
+    dtypes = ("bfloat16", "float16", "float32")
+    for i, (gdt, mdt) in enumerate((g, m) for g in dtypes for m in dtypes):
+        n = 5000 if i % 2 == 0 else 2000
+        cases.append(Case(f"dtypes-{gdt}-{mdt}-{n}", zipf_ids(n, 3000, seed=20 + i), 320, 3000, gdt, mdt, seed=20 + i))
+    return cases
+
+
+def core_checked_on_gpu(case: Case) -> bool:
+    """Whether a GPU test also checks the case against the core reference on the host.
+
+    All small cases, and the real shape at 8192 tokens: the host reference of a real-shape
+    case takes seconds, and every case is also checked against PyTorch's dense path on the GPU.
+    """
+    return case.num_tokens * case.hidden <= 8192 * 1024 or case.name in ("real-uniform-8192-bfloat16", "real-zipf-8192-float32")
+
+
+def assert_bits_equal(actual, expected, what: str = "main_grad") -> None:
+    """Bitwise equality (any NaN equals any NaN); on failure name the first differing rows/columns."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    both_nan = np.isnan(actual.astype(np.float32)) & np.isnan(expected.astype(np.float32))
+    differ = (bits(actual) != bits(expected)) & ~both_nan
+    if differ.any():
+        where = np.argwhere(differ)
+        first = where[:8].tolist()
+        a = actual[tuple(where[:8].T)].astype(np.float32).tolist()
+        e = expected[tuple(where[:8].T)].astype(np.float32).tolist()
+        raise AssertionError(
+            f"{what}: {len(where)} of {differ.size} elements differ, rows {np.unique(where[:, 0])[:16].tolist()}; "
+            f"first at {first}: got {a}, expected {e}"
+        )

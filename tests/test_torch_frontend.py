@@ -1,0 +1,307 @@
+"""torch_frontend: the Triton kernels, bit for bit.
+
+CPU (TRITON_INTERPRET=1): every shared case against the core reference, each stage against
+the core's plan, input checks, strides. GPU (skipped without CUDA; the GPU script makes a
+missing GPU an error): the shared GPU cases against PyTorch's own dense path with
+deterministic algorithms and against the core reference, CUDA-graph capture, no host
+synchronisation, extra memory.
+"""
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import torch_frontend
+from embwgrad_core import FEATURE, SORT, make_plan, reference, torch_path
+from embwgrad_core.dtypes import numpy_dtype
+from tests.cases import Case, assert_bits_equal, core_checked_on_gpu, cpu_cases, gpu_cases, runs_ids
+from torch_frontend import embedding_wgrad as ew
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+cpu_only = pytest.mark.skipif(HAS_CUDA, reason="interpreter test; the GPU runs the GPU cases")
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def to_torch(a: np.ndarray, device=DEVICE) -> torch.Tensor:
+    """A copy on device (never a view of the NumPy array's memory)."""
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).to(device)
+    return torch.from_numpy(a.copy()).to(device)
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def run_kernels(case: Case, ids, grad, main_grad):
+    """The four stages with the case's forced path (public accumulate when path is None)."""
+    if case.path is None:
+        torch_frontend.accumulate(ids, grad, main_grad, padding_idx=case.padding_idx)
+    else:
+        problem = ew._check(ids, grad, main_grad, case.padding_idx)
+        ew._launch(ids.reshape(-1), grad, main_grad, problem, case.path)
+
+
+# ----------------------------------------------------------------------------- CPU: interpreter
+
+
+@cpu_only
+@pytest.mark.parametrize("case", cpu_cases(), ids=lambda c: c.name)
+def test_kernels_match_core_reference(case: Case):
+    ids, grad, main_grad = case.arrays()
+    expected = reference.accumulate(ids, grad, main_grad, padding_idx=case.padding_idx, path=case.path)
+    out = to_torch(main_grad)
+    run_kernels(case, to_torch(ids), to_torch(grad), out)
+    assert_bits_equal(to_numpy(out), expected)
+
+
+@cpu_only
+@settings(max_examples=12, deadline=None)
+@given(
+    ids=st.lists(st.integers(-1, 24), min_size=1, max_size=90),
+    hidden=st.integers(1, 20),
+    path=st.sampled_from([FEATURE, SORT]),
+    dtypes=st.sampled_from([("bfloat16", "float32"), ("float32", "float32"), ("float16", "bfloat16")]),
+    seed=st.integers(0, 2**16),
+)
+def test_kernels_match_core_reference_hypothesis(ids, hidden, path, dtypes, seed):
+    case = Case("hypothesis", np.array(ids), hidden, 24, *dtypes, path=path, seed=seed)
+    ids_np, grad, main_grad = case.arrays()
+    expected = reference.accumulate(ids_np, grad, main_grad, path=path)
+    out = to_torch(main_grad)
+    run_kernels(case, to_torch(ids_np), to_torch(grad), out)
+    assert_bits_equal(to_numpy(out), expected)
+
+
+@cpu_only
+@pytest.mark.parametrize("tiles", ["small", "gpu"])
+@pytest.mark.parametrize("path", [SORT, FEATURE])
+def test_stages_match_core_plan(path, tiles, monkeypatch):
+    # Small rank tiles cross tile boundaries within ~150 tokens; the GPU's tiles run here too.
+    small = (64, 32) if path == FEATURE else (16, 8)
+    monkeypatch.setitem(ew.INTERPRET_RANK_TILES, path, small if tiles == "small" else ew.RANK_TILES[path])
+    lengths = (1, 9, 10, 11, 20, 21, 33, 45) + (1,) * 60  # ~210 tokens: several GPU-size tiles
+    case = Case("stages", runs_ids(lengths, 300, seed=3), 24, 300, path=path, padding_idx=None)
+    ids, grad, main_grad = case.arrays()
+    ids_t, grad_t, out = to_torch(ids), to_torch(grad), to_torch(main_grad)
+    problem = ew._check(ids_t, grad_t, out, None)
+    cfg = ew._config(problem, path, interpret=True)
+    plan = make_plan(ids, case.num_embeddings, path=path)
+    device_plan = ew._plan_stage(ids_t, problem, cfg)
+    assert device_plan.sorted_keys.tolist() == plan.sorted_keys.tolist()
+    assert device_plan.sorted_pos.tolist() == plan.sorted_pos.tolist()
+    assert device_plan.run_start.tolist() == plan.run_start.tolist()
+    if path == FEATURE:
+        assert device_plan.partial_ord.tolist() == plan.partial_ord.tolist()
+
+    partials = ew._partials_stage(device_plan, grad_t, out, problem, cfg)
+    count = int(device_plan.long_count)
+    listed = {tuple(p) for p in device_plan.long_runs[: 2 * count].view(-1, 2).tolist()}
+    assert listed == {tuple(p) for p in plan.long_runs.tolist()}
+    sums = reference.partial_sums(plan, grad.reshape(ids.size, -1))
+    long = np.isin(plan.partial_run, np.flatnonzero(plan.run_partials > 1))
+    assert_bits_equal(to_numpy(partials)[plan.partial_rows[long]], sums[long], "partial sums")
+
+    ew._long_runs_stage(device_plan, partials, out, problem, cfg)
+    assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad, path=path))
+
+
+@cpu_only
+def test_cpu_tensors_without_interpreter_use_core_reference(monkeypatch):
+    monkeypatch.setattr(ew, "_interpreting", lambda: False)
+    case = cpu_cases()[0]
+    ids, grad, main_grad = case.arrays()
+    out = to_torch(main_grad, "cpu")
+    torch_frontend.accumulate(to_torch(ids, "cpu"), to_torch(grad, "cpu"), out)
+    assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad))
+    assert not torch_frontend.can_accumulate(to_torch(ids, "cpu"), to_torch(grad, "cpu"), out)
+
+
+# ----------------------------------------------------------------------------- both: API
+
+
+@pytest.mark.parametrize("transpose", [True, False])
+def test_strided_grad_is_not_copied(transpose):
+    s, b, hidden, vocab = 7, 3, 10, 20
+    storage = torch.randn(s, b, hidden + 3, device=DEVICE).bfloat16()
+    grad = storage[..., :hidden]  # a row stride that is not H
+    if transpose:
+        grad = grad.transpose(0, 1)  # [b, s, H] view of [s, b, H] storage
+    assert ew._position_strides(grad) is not None
+    ids = torch.randint(0, vocab, grad.shape[:-1], device=DEVICE)
+    main_grad = torch.randn(vocab, hidden, device=DEVICE)
+    expected = main_grad.clone()
+    torch_frontend.accumulate(ids, grad.contiguous(), expected)
+    torch_frontend.accumulate(ids, grad, main_grad)
+    assert_bits_equal(to_numpy(main_grad), to_numpy(expected))
+
+
+def test_three_strided_dims_fall_back_to_a_copy():
+    grad = torch.randn(3, 4, 5, 6, device=DEVICE).permute(2, 1, 0, 3)  # [5, 4, 3, H]: no two-stride form
+    assert ew._position_strides(grad) is None
+    ids = torch.randint(0, 9, grad.shape[:-1], device=DEVICE)
+    main_grad, expected = torch.randn(9, 6, device=DEVICE), None
+    expected = main_grad.clone()
+    torch_frontend.accumulate(ids, grad.contiguous(), expected)
+    torch_frontend.accumulate(ids, grad, main_grad)
+    assert_bits_equal(to_numpy(main_grad), to_numpy(expected))
+
+
+def _good():
+    return (
+        torch.tensor([1, 2, 1], device=DEVICE),
+        torch.randn(3, 4, device=DEVICE),
+        torch.randn(5, 4, device=DEVICE),
+    )
+
+
+@pytest.mark.parametrize(
+    "change, error, name",
+    [
+        (lambda i, g, m: (i.float(), g, m), TypeError, "ids"),
+        (lambda i, g, m: (i, g.to(torch.int32), m), TypeError, "grad"),
+        (lambda i, g, m: (i, g.double(), m), TypeError, "grad"),
+        (lambda i, g, m: (i, g, m.double()), TypeError, "main_grad"),
+        (lambda i, g, m: (i.numpy() if i.device.type == "cpu" else i.cpu().numpy(), g, m), TypeError, "ids"),
+        (lambda i, g, m: (i, g[:2], m), ValueError, "grad"),
+        (lambda i, g, m: (i, g[:, :3], m), ValueError, "main_grad"),
+        (lambda i, g, m: (i, g, m.reshape(-1)), ValueError, "main_grad"),
+        (lambda i, g, m: (i, g, m[:, :4].t()), ValueError, "main_grad"),
+    ],
+)
+def test_bad_input_raises_and_leaves_main_grad(change, error, name):
+    ids, grad, main_grad = change(*_good())
+    before = main_grad.clone() if isinstance(main_grad, torch.Tensor) else None
+    with pytest.raises(error, match=name):
+        torch_frontend.accumulate(ids, grad, main_grad)
+    if before is not None:
+        assert_bits_equal(to_numpy(main_grad), to_numpy(before))
+
+
+def test_non_contiguous_main_grad_rejected():
+    ids, grad, _ = _good()
+    main_grad = torch.randn(4, 5, device=DEVICE).t()  # [5, 4], not contiguous
+    before = main_grad.clone()
+    with pytest.raises(ValueError, match="main_grad must be contiguous"):
+        torch_frontend.accumulate(ids, grad, main_grad)
+    assert_bits_equal(to_numpy(main_grad), to_numpy(before))
+
+
+@pytest.mark.parametrize("padding_idx", [5, -6, 2.0])
+def test_bad_padding_idx(padding_idx):
+    ids, grad, main_grad = _good()
+    with pytest.raises((ValueError, TypeError), match="padding_idx"):
+        torch_frontend.accumulate(ids, grad, main_grad, padding_idx=padding_idx)
+
+
+@requires_cuda
+def test_devices_must_match():
+    ids, grad, main_grad = _good()
+    with pytest.raises(ValueError, match="one device"):
+        torch_frontend.accumulate(ids.cpu(), grad, main_grad)
+
+
+def test_empty_inputs_leave_main_grad():
+    main_grad = torch.randn(5, 4, device=DEVICE)
+    before = main_grad.clone()
+    torch_frontend.accumulate(torch.zeros(0, 3, dtype=torch.int64, device=DEVICE), torch.zeros(0, 3, 4, device=DEVICE), main_grad)
+    assert_bits_equal(to_numpy(main_grad), to_numpy(before))
+    empty_h = torch.zeros(5, 0, device=DEVICE)
+    torch_frontend.accumulate(torch.tensor([1, 2], device=DEVICE), torch.zeros(2, 0, device=DEVICE), empty_h)
+
+
+def test_can_accumulate():
+    ids, grad, main_grad = _good()
+    assert torch_frontend.can_accumulate(ids, grad, main_grad)
+    assert not torch_frontend.can_accumulate(ids.float(), grad, main_grad)
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+def dense_reference(ids, grad, main_grad, padding_idx):
+    """PyTorch's own route: embedding_dense_backward + add_, deterministic algorithms on."""
+    prior = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        n, hidden = ids.numel(), grad.shape[-1]
+        gw = torch.ops.aten.embedding_dense_backward(grad.reshape(n, hidden), ids.reshape(-1), main_grad.shape[0], padding_idx, False)
+        return main_grad.clone().add_(gw)
+    finally:
+        torch.use_deterministic_algorithms(prior)
+
+
+def gpu_inputs(case: Case):
+    ids, grad = case.ids_and_grad()
+    gen = torch.Generator(device="cuda").manual_seed(case.seed)
+    main_grad = torch.randn(case.num_embeddings, case.hidden, device="cuda", generator=gen).to(TORCH_DTYPES[case.main_grad_dtype])
+    return ids, grad, to_torch(ids), to_torch(grad), main_grad
+
+
+@requires_cuda
+@pytest.mark.parametrize("case", gpu_cases(), ids=lambda c: c.name)
+def test_gpu_bitwise_against_dense_and_core(case: Case):
+    ids, grad, ids_t, grad_t, main_grad = gpu_inputs(case)
+    expected = dense_reference(ids_t, grad_t, main_grad, case.padding)
+    out = main_grad.clone()
+    torch_frontend.accumulate(ids_t, grad_t, out, padding_idx=case.padding_idx)
+    # main_grad holds no -0.0, so the dense path's +0 in absent rows leaves their bits: the
+    # whole tensor compares, absent rows included.
+    as_int = torch.int16 if out.element_size() == 2 else torch.int32
+    differ = (out.view(as_int) != expected.view(as_int)).any(dim=1)
+    if differ.any():
+        bad = differ.nonzero().flatten()[:4]
+        assert_bits_equal(to_numpy(out[bad]), to_numpy(expected[bad]), f"rows {bad.tolist()}")
+    if core_checked_on_gpu(case):
+        rows, new = case.expected_rows(ids, grad, lambda r: to_numpy(main_grad[torch.from_numpy(r).cuda()]))
+        assert_bits_equal(to_numpy(out[torch.from_numpy(rows).cuda()]), new, "core reference rows")
+
+
+@requires_cuda
+def test_gpu_cuda_graph_and_no_host_sync():
+    case = gpu_cases()[0]
+    _, _, ids_t, grad_t, main_grad = gpu_inputs(case)
+    expected = main_grad.clone()
+    torch_frontend.accumulate(ids_t, grad_t, expected)
+    out = main_grad.clone()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host synchronisation raises
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            scratch = main_grad.clone()
+            torch_frontend.accumulate(ids_t, grad_t, scratch)  # warm-up: compiles outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            torch_frontend.accumulate(ids_t, grad_t, out)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    out.copy_(main_grad)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
+
+
+@requires_cuda
+def test_gpu_extra_memory_is_a_few_n_h():
+    case = next(c for c in gpu_cases() if c.name == "real-uniform-8192-bfloat16")
+    _, _, ids_t, grad_t, main_grad = gpu_inputs(case)
+    torch_frontend.accumulate(ids_t, grad_t, main_grad)  # compile
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    torch_frontend.accumulate(ids_t, grad_t, main_grad)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    n, hidden = case.num_tokens, case.hidden
+    assert extra <= 2 * n * hidden * 4, f"{extra} bytes extra, n*H*4 = {n * hidden * 4}"
