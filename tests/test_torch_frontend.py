@@ -148,7 +148,7 @@ def test_three_strided_dims_fall_back_to_a_copy():
     grad = torch.randn(3, 4, 5, 6, device=DEVICE).permute(2, 1, 0, 3)  # [5, 4, 3, H]: no two-stride form
     assert ew._position_strides(grad) is None
     ids = torch.randint(0, 9, grad.shape[:-1], device=DEVICE)
-    main_grad, expected = torch.randn(9, 6, device=DEVICE), None
+    main_grad = torch.randn(9, 6, device=DEVICE)
     expected = main_grad.clone()
     torch_frontend.accumulate(ids, grad.contiguous(), expected)
     torch_frontend.accumulate(ids, grad, main_grad)

@@ -295,6 +295,7 @@ class _Config:
 
 
 def _config(problem: Problem, path: str, interpret: bool) -> _Config:
+    """The launch parameters: the measured choices are in benchmarks/NOTES.md."""
     n, hidden = problem.num_tokens, problem.hidden
     feature = path == FEATURE
     block_h = min(1024, triton.next_power_of_2(hidden))
