@@ -50,7 +50,6 @@ def parse_args(argv=None):
     p.add_argument("--vocab", type=int, default=None)
     p.add_argument("--hidden", type=int, default=None)
     p.add_argument("--json", default=None, help="write records here")
-    p.add_argument("--tune", action="store_true", help="also time kernel variants (for NOTES.md)")
     return p.parse_args(argv)
 
 

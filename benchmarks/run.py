@@ -42,7 +42,7 @@ def table(records: list[dict]) -> str:
     by = {(r["framework"], r["series"], r["n"], r["dist"]): r for r in records}
     points = sorted({(r["n"], r["dist"]) for r in records if r["series"] == "embwgrad"})
     floor = {p: by.get(("torch", "floor", *p), {}).get("ms") for p in points}
-    cols = ["n", "ids", "torch embwgrad", "jax embwgrad", "floor", "torch dense", "index_add_", "XLA scatter", "exact"]
+    cols = ["n", "ids", "torch embwgrad", "torch, CUDA graph", "jax embwgrad", "floor", "torch dense", "index_add_", "XLA scatter", "exact"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
 
     def cell(fw, series, p, ref_of=None):
@@ -72,6 +72,7 @@ def table(records: list[dict]) -> str:
                     str(p[0]),
                     p[1],
                     cell("torch", "embwgrad", p, ref_of="floor"),
+                    cell("torch", "embwgrad_graph", p, ref_of="floor"),
                     cell("jax", "embwgrad", p, ref_of="floor"),
                     f"{floor[p]:.3f} ms" if floor[p] else "-",
                     versus("torch", "dense", p),

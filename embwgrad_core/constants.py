@@ -20,12 +20,19 @@ ACC_DTYPE = np.dtype(np.float32)
 #: The floating dtypes accepted for grad and for main_grad, by name.
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 
-#: Up to this many tokens the frontends sort by counting ranks (O(n^2) comparisons in one
-#: kernel); above it they call their framework's radix sort. An implementation choice, not
-#: arithmetic: any stable sort gives the same bits. Measured on the H200 (benchmarks/NOTES.md):
-#: at 8192 tokens counting costs 52 us against 318 us for torch.sort's route, at 32768 232 us
-#: against 375 us; XLA's sort is bitonic below about 22000 keys.
-RANK_SORT_MAX_TOKENS = 32768
+#: Up to this many tokens (on the sort path) the frontends sort with their own two kernels:
+#: blocks of MERGE_BLOCK tokens sorted by counting, then every token ranked in each other
+#: block by binary search (plan.merge_ranks is the model); above it they call their
+#: framework's radix sort. An implementation choice, not arithmetic: any stable sort gives
+#: the same bits. Measured on the H200 in benchmarks/NOTES.md.
+MERGE_SORT_MAX_TOKENS = 32768
+
+#: Most blocks the merge-rank sort splits n tokens into (plan.merge_block): each token runs
+#: two binary searches in every block at once, so this bounds the lanes per token.
+MERGE_MAX_BLOCKS = 64
+
+#: Fewest tokens in one merge-rank block.
+MERGE_MIN_BLOCK = 256
 
 #: Path names, as :func:`embwgrad_core.plan.torch_path` returns them.
 FEATURE = "feature"

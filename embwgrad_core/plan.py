@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .constants import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, NROWS, SORT
+from .constants import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_MIN_BLOCK, NROWS, SORT
 
 
 def torch_path(num_tokens: int) -> str:
@@ -76,6 +76,48 @@ def unpack_keys(packed: np.ndarray, packing: KeyPacking) -> tuple[np.ndarray, np
     pos = packed & np.uint64((1 << packing.pos_bits) - 1)
     keys = (packed >> np.uint64(packing.pos_bits)).astype(np.int64) - 1
     return keys, pos.astype(np.int64)
+
+
+def merge_block(num_tokens: int, max_blocks: int = MERGE_MAX_BLOCKS) -> int:
+    """Tokens per block of the merge-rank sort: a power of two >= MERGE_MIN_BLOCK, at most max_blocks blocks."""
+    block = MERGE_MIN_BLOCK
+    while block * max_blocks < num_tokens:
+        block *= 2
+    return block
+
+
+def merge_ranks(keys, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """(slot, run_start) of every token: the stable sort by key as the frontends' kernels compute it.
+
+    1. Cut the tokens into blocks of ``block`` consecutive positions and sort each block
+       stably by counting: a token's local rank is the number of tokens of its block with a
+       smaller key, or an equal key at an earlier position.
+    2. In every other block, binary-search the token's key in the sorted block: blocks
+       before its own add the keys <= it (equal keys there come earlier), blocks after add
+       the keys < it. With its local rank that is its slot in the stable sort.
+    3. Its run starts at the number of keys < it over all blocks.
+
+    About n * block comparisons and 2 * n * (n / block) * log2(block) probes, instead of the
+    n^2 comparisons of ranking against every token.
+    """
+    keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+    n = keys.size
+    slot = np.empty(n, np.int64)
+    run_start = np.zeros(n, np.int64)
+    starts = range(0, n, block)
+    sorted_blocks = [np.sort(keys[b : b + block], kind="stable") for b in starts]
+    for own, b in enumerate(starts):
+        mine = keys[b : b + block]
+        local = np.argsort(np.argsort(mine, kind="stable"), kind="stable")
+        slot[b : b + block] = local
+        for other, sorted_block in enumerate(sorted_blocks):
+            lower = np.searchsorted(sorted_block, mine, side="left")
+            run_start[b : b + block] += lower
+            if other < own:
+                slot[b : b + block] += np.searchsorted(sorted_block, mine, side="right")
+            elif other > own:
+                slot[b : b + block] += lower
+    return slot, run_start
 
 
 def partial_row(run_start, k, path: str):

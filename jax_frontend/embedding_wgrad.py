@@ -3,20 +3,21 @@
 The JAX twin of torch_frontend/embedding_wgrad.py: the same four stages, the same fp32 adds
 in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
 
-1. Sort the tokens by key, stably. Up to RANK_SORT_MAX_TOKENS (and always on the feature
-   path) ``_rank_kernel`` sorts by counting: every token's slot is the number of tokens that
-   sort before it, O(n^2) comparisons over n / block_i programs. Pallas has no sort inside a
-   kernel, and XLA's sort of 8192 keys costs about 50 us on the H200, a third of the 134 us
-   floor. Counting costs about the same today (52 us for the torch twin at 8192 tokens,
-   benchmarks/NOTES.md), but it is ours to make faster, it runs inside the same fused plan
-   as the run starts, and on the feature path it also gives every token its chunk's ordinal
-   within its run. Above the threshold ``lax.sort`` (see ``_sort``), where XLA uses CUB's
-   radix sort and the grad bytes dwarf it.
-2. ``_runs_kernel`` finds every sorted slot's run start by binary search.
+1. Sort the tokens by key, stably. Pallas has no sort inside a kernel. Sort path, up to
+   MERGE_SORT_MAX_TOKENS: ``_block_sort_kernel`` sorts blocks of merge_block(n) tokens by
+   counting, then ``_merge_rank_kernel`` ranks every token in each other block by binary
+   search and writes the sorted keys, positions and run starts (embwgrad_core.merge_ranks is
+   the model; about 10 us for 8192 tokens for the torch twin, against about 50 us for XLA's
+   sort). Above it ``lax.sort`` (see ``_sort``), where XLA uses CUB's radix sort and the grad
+   bytes dwarf it. Feature path: ``_rank_kernel`` ranks each token by counting the tokens
+   that sort before it, which also gives every token its chunk's ordinal within its run.
+2. (lax.sort and the feature path) ``_runs_kernel`` finds every slot's run start by binary search.
 3. ``_partials_kernel``: one program per (slot, H block) that starts a partial sums the
    partial's rows in fp32, in order. A run of one partial is finished there (rounded and
    added into main_grad); a longer run's partials go to a scratch buffer at
-   ``embwgrad_core.partial_row``, and its last partial appends the run to a list.
+   ``embwgrad_core.partial_row``, and its last partial appends the run to a list. Every
+   index it needs is loaded in one round trip before the rows, and the body is straight-line
+   code under masks.
 4. ``_long_runs_kernel`` folds each listed run's partials in order, rounds, adds to main_grad.
 
 No atomics touch floating-point data; the one atomic counts the long-run list, whose order
@@ -34,7 +35,7 @@ JAX specifics:
   them jax >= 0.9 lowers GPU pallas_calls with Mosaic GPU, which these kernels (gathers,
   scatters, scalar loads and atomics) are not written for.
 * On CPU (``jax.default_backend() == "cpu"``, decided at trace time) the same kernels run in
-  Pallas interpret mode, one program at a time, with larger rank tiles to stay quick.
+  Pallas interpret mode, one program at a time, with larger sort tiles to stay quick.
 
 Limits: n and V below 2**31 (keys and positions are int32). jax 0.11 deprecates the Pallas
 Triton backend (SPEC.md): a Mosaic GPU port is the way forward. Interpret mode is for tests: it
@@ -53,15 +54,37 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from embwgrad_core import CHUNK, FEATURE, NROWS, RANK_SORT_MAX_TOKENS, SORT, key_packing, partial_buffer_rows, partial_row, torch_path
+from embwgrad_core import (
+    CHUNK,
+    FEATURE,
+    MERGE_SORT_MAX_TOKENS,
+    NROWS,
+    SORT,
+    key_packing,
+    merge_block,
+    partial_buffer_rows,
+    partial_row,
+    torch_path,
+)
 from embwgrad_core.validate import Problem, check_args
 
 #: (block_i, block_j) of _rank_kernel in interpret mode, where every program step is an XLA:CPU
 #: loop iteration: large tiles keep it fast. Tests shrink them to cross tile boundaries.
 INTERPRET_RANK_TILES = {SORT: (256, 256), FEATURE: (8 * CHUNK, CHUNK)}
 
-#: The three ways to sort (_Config.sort).
-RANK, PACKED, PAIRS = "rank", "packed", "pairs"
+#: _block_sort_kernel's comparison tile on a GPU; in interpret mode one tile spans the block.
+MERGE_TILE = 32
+
+#: Tokens of a block that one _block_sort_kernel program ranks on a GPU (a [MERGE_BLOCK_I,
+#: MERGE_TILE] counter per program: whole blocks of 512 and more spill registers).
+MERGE_BLOCK_I = 64
+
+#: Lanes ([tokens, blocks]) of one _merge_rank_kernel program (measured in the torch twin:
+#: 1024 beat 2048, benchmarks/NOTES.md).
+MERGE_LANES = 1024
+
+#: The ways to sort (_Config.sort).
+MERGE, RANK, PACKED, PAIRS = "merge", "rank", "packed", "pairs"
 
 _INT32_MAX = 2**31 - 1
 
@@ -99,6 +122,105 @@ def _load_keys(ids_ref, start, size: int, *, n: int, num_embeddings: int, paddin
     pos = start + lax.iota(jnp.int32, size)
     ids = plgpu.load(ids_ref.at[pl.ds(start, size)], mask=pos < n, other=-1)
     return pos, _keys(ids, num_embeddings, padding_idx)
+
+
+def _block_sort_kernel(
+    # Inputs
+    ids_ref,  # int32/int64 [n]: token ids in position order
+    # Outputs
+    block_keys_ref,  # int32 [n]: every block's keys in sorted order, at the block's offset
+    block_pos_ref,  # int32 [n]: their positions
+    *,
+    n: int,
+    num_embeddings: int,  # V
+    padding_idx: int,  # id that adds nothing, or -1
+    block: int,  # tokens per block: merge_block(n)
+    block_i: int,  # tokens of the block ranked per program: program (b, c) ranks chunk c of block b
+    tile: int,  # tokens compared per step (divides block)
+):
+    """Sort path, step 1 of the merge-rank sort: sort each block of tokens stably by counting."""
+    load = functools.partial(_load_keys, ids_ref, n=n, num_embeddings=num_embeddings, padding_idx=padding_idx)
+    b0 = pl.program_id(0) * block
+    i, key_i = load(b0 + pl.program_id(1) * block_i, block_i)
+    live = i < n
+
+    def compare(step, before):  # a token sorts before i: a smaller key, or an equal key at an earlier position
+        j, key_j = load(b0 + step * tile, tile)
+        key_j = jnp.where(j < n, key_j, _INT32_MAX)
+        same = key_j[None, :] == key_i[:, None]
+        earlier = (key_j[None, :] < key_i[:, None]) | (same & (j[None, :] < i[:, None]))
+        return before + earlier.astype(jnp.int32)
+
+    before = lax.fori_loop(0, block // tile, compare, jnp.zeros((block_i, tile), jnp.int32))
+    # Lanes past n scatter past the end (see _rank_kernel).
+    slot = jnp.where(live, b0 + jnp.sum(before, axis=1, dtype=jnp.int32), i)
+    plgpu.store(block_keys_ref.at[slot], key_i, mask=live)
+    plgpu.store(block_pos_ref.at[slot], i, mask=live)
+
+
+def _merge_rank_kernel(
+    # Inputs
+    block_keys_ref,  # int32 [n]: every block's keys in sorted order (_block_sort_kernel)
+    block_pos_ref,  # int32 [n]: their positions
+    # Outputs
+    sorted_keys_ref,  # int32 [n]: keys in sorted order
+    sorted_pos_ref,  # int32 [n]: positions in sorted order
+    run_start_ref,  # int32 [n]: first slot of each slot's run
+    long_count_ref,  # int32 [1]: the long-run counter, zeroed here
+    *,
+    n: int,
+    block: int,  # tokens per block of _block_sort_kernel
+    num_blocks: int,  # a power of two >= cdiv(n, block)
+    steps: int,  # binary-search steps: block.bit_length()
+    block_u: int,  # block-sorted tokens per program
+    unroll: bool,  # the steps unrolled (as the torch twin), else a loop
+):
+    """Sort path, step 2: every token's slot and run start from binary searches in every block.
+
+    Blocks before the token's own add their keys <= its key, blocks after their keys < it,
+    its own block its local rank; the run starts after all keys < it (plan.merge_ranks).
+    """
+    u0 = pl.program_id(0) * block_u
+    u = u0 + lax.iota(jnp.int32, block_u)
+    live = u < n
+    key = plgpu.load(block_keys_ref.at[pl.ds(u0, block_u)], mask=live, other=0)
+    pos = plgpu.load(block_pos_ref.at[pl.ds(u0, block_u)], mask=live, other=0)
+    own = u // block
+    c = lax.iota(jnp.int32, num_blocks)
+    c0 = (c * block)[None, :]  # [1, num_blocks]: block c's offset and length
+    c_len = jnp.minimum(jnp.maximum(n - c * block, 0), block)[None, :]
+
+    def halve(_, bounds):  # lo_lt -> keys < key in block c, lo_le -> keys <= key in block c
+        lo_lt, hi_lt, lo_le, hi_le = bounds
+        mid_lt = (lo_lt + hi_lt) // 2
+        mid_le = (lo_le + hi_le) // 2
+        below_lt = plgpu.load(block_keys_ref.at[c0 + mid_lt], mask=mid_lt < c_len, other=_INT32_MAX) < key[:, None]
+        below_le = plgpu.load(block_keys_ref.at[c0 + mid_le], mask=mid_le < c_len, other=_INT32_MAX) <= key[:, None]
+        lo_lt, hi_lt = jnp.where(below_lt, mid_lt + 1, lo_lt), jnp.where(below_lt, hi_lt, mid_lt)
+        lo_le, hi_le = jnp.where(below_le, mid_le + 1, lo_le), jnp.where(below_le, hi_le, mid_le)
+        return lo_lt, hi_lt, lo_le, hi_le
+
+    lo = jnp.zeros((block_u, num_blocks), jnp.int32)
+    bounds = (lo, lo + c_len, lo, lo + c_len)
+    if unroll:
+        for step in range(steps):
+            bounds = halve(step, bounds)
+    else:
+        bounds = lax.fori_loop(0, steps, halve, bounds)
+    lo_lt, _, lo_le, _ = bounds
+    earlier_block = c[None, :] < own[:, None]
+    later_block = c[None, :] > own[:, None]
+    others = jnp.where(earlier_block, lo_le, jnp.where(later_block, lo_lt, 0))
+    slot = u - own * block + jnp.sum(others, axis=1, dtype=jnp.int32)
+    run_start = jnp.sum(lo_lt, axis=1, dtype=jnp.int32)
+    slot = jnp.where(live, slot, u)  # lanes past n scatter past the end (see _rank_kernel)
+    plgpu.store(sorted_keys_ref.at[slot], key, mask=live)
+    plgpu.store(sorted_pos_ref.at[slot], pos, mask=live)
+    plgpu.store(run_start_ref.at[slot], run_start, mask=live)
+
+    @pl.when(pl.program_id(0) == 0)
+    def _():
+        long_count_ref[0] = jnp.int32(0)
 
 
 def _rank_kernel(
@@ -207,57 +329,86 @@ def _partials_kernel(
     grad_dtype: str,
     main_grad_dtype: str,
     block_h: int,
+    slot_major: bool,  # program p is (slot p // H blocks, block p % H blocks), else (p % n, p // n)
+    unroll: bool,  # the rows unrolled, their indices loaded first (as the torch twin), else a loop
 ):
+    """One program per (slot, H block): every index in one round trip, then (if the slot starts a partial) the rows."""
     del main_grad_in_ref, long_count_in_ref
     feature = path == FEATURE
-    s, hb = pl.program_id(0), pl.program_id(1)  # read here: interpret mode has no program ids inside pl.when
-    h0 = hb * block_h
+    span = CHUNK if feature else NROWS  # most slots in a partial
+    num_hb = pl.cdiv(hidden, block_h)
+    p = pl.program_id(0)  # read here: interpret mode has no program ids inside pl.when
+    s, hb = (p // num_hb, p % num_hb) if slot_major else (p % n, p // n)
+    cols = hb * block_h + lax.iota(jnp.int32, block_h)
+    live_h = cols < hidden
+    row_block = pl.ds(hb * block_h, block_h)
+
+    def slot_indices(t):  # key and position of slot s + t; -2 and 0 past n
+        slot = s + t
+        key_t = plgpu.load(sorted_keys_ref.at[slot], mask=slot < n, other=-2)
+        return key_t, plgpu.load(sorted_pos_ref.at[slot], mask=slot < n, other=0)
+
+    # One round trip for every index before any row: the slot's key and run start, the next
+    # span slots' keys and positions (unrolled; a loop loads them row by row), and (sort path)
+    # the key NROWS slots on.
     key = sorted_keys_ref[s]
     run_start = run_start_ref[s]
+    spanned = [slot_indices(t) for t in range(span)] if unroll else None
+    is_first = s == run_start
     if feature:
         chunk = sorted_pos_ref[s] // CHUNK
         prev_chunk = plgpu.load(sorted_pos_ref.at[s - 1], mask=s > run_start, other=-CHUNK) // CHUNK
-        starts = (s == run_start) | (prev_chunk != chunk)
         k = partial_ord_ref[s]
+        active = (key >= 0) & (is_first | (prev_chunk != chunk))
     else:
-        starts = (s - run_start) % NROWS == 0
+        after = s + NROWS
+        next_key = plgpu.load(sorted_keys_ref.at[after], mask=after < n, other=-2)
         k = (s - run_start) // NROWS
+        active = (key >= 0) & ((s - run_start) % NROWS == 0)
+        # The run ends in this partial iff slot s + NROWS holds another key: known before any
+        # row is read, so a finished run's main_grad row loads alongside its grad rows.
+        is_last = next_key != key
 
-    @pl.when((key >= 0) & starts)
+    def add_row(key_t, pos_t, sums):  # (acc, count) after slot s + t, rows in slot order
+        acc, count = sums
+        mine = key_t == key
+        if feature:
+            mine &= pos_t // CHUNK == chunk
+        g = plgpu.load(grad_ref.at[pos_t, row_block], mask=live_h & mine, other=0)
+        # acc is never -0, so adding +0 for a row not taken leaves it.
+        return acc + g.astype(jnp.float32), count + mine.astype(jnp.int32)
+
+    @pl.when(active)  # slots that start no partial stop after the index round trip
     def _():
-        cols = h0 + lax.iota(jnp.int32, block_h)
-        live_h = cols < hidden
-        acc = jnp.zeros((block_h,), jnp.float32)
-        count = jnp.int32(0)
-        for t in range(CHUNK if feature else NROWS):
-            slot = s + t
-            key_t = plgpu.load(sorted_keys_ref.at[slot], mask=slot < n, other=-2)
-            pos_t = plgpu.load(sorted_pos_ref.at[slot], mask=slot < n, other=0)
-            mine = key_t == key
-            if feature:
-                mine &= pos_t // CHUNK == chunk
-            g = plgpu.load(grad_ref.at[pos_t, pl.ds(h0, block_h)], mask=live_h & mine, other=0)
-            acc += g.astype(jnp.float32)  # acc is never -0, so adding +0 for a row not taken leaves it
-            count += mine.astype(jnp.int32)
-        after = s + count
-        is_last = plgpu.load(sorted_keys_ref.at[after], mask=after < n, other=-2) != key
-        is_first = s == run_start
+        if not feature:
+            finish = is_first & is_last
+            old = plgpu.load(main_grad_ref.at[key, row_block], mask=live_h & finish, other=0).astype(jnp.float32)
+        sums = (jnp.zeros((block_h,), jnp.float32), jnp.int32(0))
+        if unroll:
+            for key_t, pos_t in spanned:
+                sums = add_row(key_t, pos_t, sums)
+        else:
+            sums = lax.fori_loop(0, span, lambda t, sums: add_row(*slot_indices(t), sums), sums)
+        acc, count = sums
+        if feature:  # the chunk's last slot is known only now
+            after = s + count
+            last = plgpu.load(sorted_keys_ref.at[after], mask=after < n, other=-2) != key
+            finish = is_first & last
+            old = plgpu.load(main_grad_ref.at[key, row_block], mask=live_h & finish, other=0).astype(jnp.float32)
+        else:
+            last = is_last
+        # A run of one partial: +0 + s (sort path) and +0 + round(s) (feature path) both round to round(s).
+        new = _round(old + _round(acc, grad_dtype), main_grad_dtype)
+        plgpu.store(main_grad_ref.at[key, row_block], new.astype(main_grad_ref.dtype), mask=live_h & finish)
+        # A partial of a longer run: to the scratch buffer (embwgrad_core.partial_row).
+        row = partial_row(run_start, k, path).astype(jnp.int32)
+        plgpu.store(partials_ref.at[row, row_block], acc, mask=live_h & ~finish)
 
-        @pl.when(is_first & is_last)
+        @pl.when(~finish & last & (hb == 0))
         def _():
-            # +0 + s (sort path) and +0 + round(s) (feature path) both round to round(s).
-            _add_to_row(main_grad_ref, key, h0, live_h, _round(acc, grad_dtype), main_grad_dtype)
-
-        @pl.when(~(is_first & is_last))
-        def _():
-            row = partial_row(run_start, k, path).astype(jnp.int32)
-            plgpu.store(partials_ref.at[row, pl.ds(h0, block_h)], acc, mask=live_h)
-
-            @pl.when(is_last & (hb == 0))
-            def _():
-                entry = plgpu.atomic_add(long_count_ref, jnp.int32(0), jnp.int32(1))
-                long_runs_ref[entry, 0] = run_start
-                long_runs_ref[entry, 1] = k + 1
+            entry = plgpu.atomic_add(long_count_ref, jnp.int32(0), jnp.int32(1))
+            long_runs_ref[entry, 0] = run_start
+            long_runs_ref[entry, 1] = k + 1
 
 
 def _long_runs_kernel(
@@ -311,33 +462,54 @@ class _Config:
     """Launch parameters for one problem: the frontend's one heuristics helper (_config) fills it."""
 
     path: str  # FEATURE or SORT arithmetic
-    sort: str  # RANK (_rank_kernel), PACKED (lax.sort of packed uint32 keys), PAIRS (stable lax.sort of (key, position))
+    # MERGE (_block_sort_kernel + _merge_rank_kernel), RANK (_rank_kernel), PACKED (lax.sort of
+    # packed uint32 keys), PAIRS (stable lax.sort of (key, position))
+    sort: str
     interpret: bool  # Pallas interpret mode (CPU)
+    merge_block: int  # tokens per block of the merge-rank sort (a power of two)
+    merge_block_i: int  # tokens of a block ranked per _block_sort_kernel program (a power of two)
+    merge_tile: int  # _block_sort_kernel's comparison tile (divides merge_block)
+    merge_blocks: int  # power of two >= cdiv(n, merge_block)
+    merge_u: int  # block-sorted tokens per _merge_rank_kernel program (a power of two)
     block_i: int  # _rank_kernel tiles
     block_j: int
     runs_block: int  # _runs_kernel slots per program
     block_h: int  # _partials_kernel columns per program
+    partial_warps: int  # _partials_kernel's num_warps
+    slot_major: bool  # _partials_kernel program p is (slot p // H blocks, H block p % H blocks), else (p % n, p // n)
+    # The short static loops of _merge_rank_kernel and _partials_kernel unrolled, as the torch
+    # twin's (GPU), else loops: XLA:CPU compiles them several times faster in interpret mode.
+    unroll: bool
     long_block_h: int  # _long_runs_kernel columns per program
     long_programs: int  # _long_runs_kernel programs along the run list
     max_long_runs: int  # rows of the long-run list
-    num_warps: int
+    num_warps: int  # every kernel's but _partials_kernel's
     num_stages: int
 
 
 def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
-    """The launch parameters; overrides ((field, value), ...) lets tests force a sort or small tiles."""
+    """The launch parameters; overrides ((field, value), ...) lets tests force a sort or small tiles.
+
+    interpret and merge_block are read from overrides first: the tiles and merge_blocks and
+    merge_u follow from them, unless overridden too.
+    """
     n, hidden = problem.num_tokens, problem.hidden
     if path not in (FEATURE, SORT):
         raise ValueError(f"path={path!r} must be {FEATURE!r} or {SORT!r}")
     feature = path == FEATURE
-    interpret = dict(overrides).get("interpret", jax.default_backend() == "cpu")  # read first: it sets the tiles
-    if feature or n <= RANK_SORT_MAX_TOKENS:
+    forced = dict(overrides)
+    interpret = forced.get("interpret", jax.default_backend() == "cpu")
+    if feature:
         sort = RANK  # the feature path needs the chunk ordinals that only _rank_kernel gives
+    elif n <= MERGE_SORT_MAX_TOKENS:
+        sort = MERGE
     elif key_packing(n, problem.num_embeddings).dtype == "uint32":
         sort = PACKED
     else:
         sort = PAIRS
     max_long_runs = max(1, n // 2 if feature else n // (NROWS + 1))  # a long run has > 1 partial
+    mblock = forced.get("merge_block", merge_block(n))
+    mblocks = pl.next_power_of_2(pl.cdiv(n, mblock))
     if interpret:  # one H block per program and few long-run programs: fewer interpreter steps
         block_i, block_j = INTERPRET_RANK_TILES[path]
         block_h = long_block_h = pl.next_power_of_2(hidden)
@@ -351,32 +523,48 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         path=path,
         sort=sort,
         interpret=interpret,
+        merge_block=mblock,
+        merge_block_i=mblock if interpret else MERGE_BLOCK_I,
+        merge_tile=mblock if interpret else min(MERGE_TILE, mblock),
+        merge_blocks=mblocks,
+        merge_u=max(1, MERGE_LANES // mblocks),
         block_i=block_i,
         block_j=block_j,
         runs_block=1024,
         block_h=block_h,
+        partial_warps=1,
+        slot_major=True,
+        unroll=not interpret,
         long_block_h=long_block_h,
         long_programs=long_programs,
         max_long_runs=max_long_runs,
         num_warps=4,
         num_stages=2,
     )
-    cfg = dataclasses.replace(cfg, **dict(overrides))
-    if cfg.sort not in (RANK, PACKED, PAIRS) or (feature and cfg.sort != RANK):
-        raise ValueError(f"sort={cfg.sort!r} must be {RANK!r} on the feature path, else {RANK!r}, {PACKED!r} or {PAIRS!r}")
+    cfg = dataclasses.replace(cfg, **forced)
+    sorts = (MERGE, RANK, PACKED, PAIRS)
+    if cfg.sort not in sorts or (feature and cfg.sort != RANK):
+        raise ValueError(f"sort={cfg.sort!r} must be {RANK!r} on the feature path, else one of {sorts}")
     if cfg.block_i % cfg.block_j or (feature and cfg.block_j != CHUNK):
         raise ValueError(f"block_i={cfg.block_i} must be a multiple of block_j={cfg.block_j} (CHUNK on the feature path)")
+    powers = {f: getattr(cfg, f) for f in ("merge_block", "merge_block_i", "merge_tile", "merge_blocks", "merge_u")}
+    if any(v < 1 or v & (v - 1) for v in powers.values()):
+        raise ValueError(f"{powers} must all be powers of two")
+    if cfg.merge_tile > cfg.merge_block:
+        raise ValueError(f"merge_tile={cfg.merge_tile} must be <= merge_block={cfg.merge_block}")
+    if cfg.merge_blocks < pl.cdiv(n, cfg.merge_block):
+        raise ValueError(f"merge_blocks={cfg.merge_blocks} must be >= cdiv(n={n}, merge_block={cfg.merge_block})")
     return cfg
 
 
-def _call(kernel, cfg: _Config, *, out_shape, grid, name: str, input_output_aliases=None, **static):
-    """pl.pallas_call pinned to the Triton lowering (interpret mode on CPU)."""
+def _call(kernel, cfg: _Config, *, out_shape, grid, name: str, input_output_aliases=None, num_warps=None, **static):
+    """pl.pallas_call pinned to the Triton lowering (interpret mode on CPU); num_warps defaults to cfg's."""
     return pl.pallas_call(
         functools.partial(kernel, **static),
         out_shape=out_shape,
         grid=grid,
         input_output_aliases=input_output_aliases or {},
-        compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps or cfg.num_warps, num_stages=cfg.num_stages),
         interpret=cfg.interpret,
         name=name,
     )
@@ -395,8 +583,40 @@ class _Stages(NamedTuple):
     main_grad: jax.Array  # [V, H]
 
 
+def _merge_sort(ids, problem: Problem, cfg: _Config):
+    """Stages 1 and 2 by the merge-rank sort: (sorted_keys, sorted_pos, run_start, long_count zeroed)."""
+    n = problem.num_tokens
+    slots = jax.ShapeDtypeStruct((n,), jnp.int32)
+    block_keys, block_pos = _call(
+        _block_sort_kernel,
+        cfg,
+        out_shape=[slots, slots],
+        grid=(pl.cdiv(n, cfg.merge_block), cfg.merge_block // min(cfg.merge_block_i, cfg.merge_block)),
+        name="embwgrad_block_sort",
+        n=n,
+        num_embeddings=problem.num_embeddings,
+        padding_idx=problem.padding_idx,
+        block=cfg.merge_block,
+        block_i=min(cfg.merge_block_i, cfg.merge_block),
+        tile=cfg.merge_tile,
+    )(ids)
+    return _call(
+        _merge_rank_kernel,
+        cfg,
+        out_shape=[slots, slots, slots, jax.ShapeDtypeStruct((1,), jnp.int32)],
+        grid=(pl.cdiv(n, cfg.merge_u),),
+        name="embwgrad_merge_rank",
+        n=n,
+        block=cfg.merge_block,
+        num_blocks=cfg.merge_blocks,
+        steps=cfg.merge_block.bit_length(),
+        block_u=cfg.merge_u,
+        unroll=cfg.unroll,
+    )(block_keys, block_pos)
+
+
 def _sort(ids, problem: Problem, cfg: _Config):
-    """Stage 1: (sorted_keys, sorted_pos, partial_ord or None), the tokens sorted stably by key."""
+    """Stage 1 by _rank_kernel or lax.sort: (sorted_keys, sorted_pos, partial_ord or None)."""
     n, vocab = problem.num_tokens, problem.num_embeddings
     if cfg.sort == RANK:
         feature = cfg.path == FEATURE
@@ -464,8 +684,9 @@ def _partials(plan, grad, main_grad, long_count, problem: Problem, cfg: _Config)
             jax.ShapeDtypeStruct((cfg.max_long_runs, 2), jnp.int32),
             jax.ShapeDtypeStruct((1,), jnp.int32),
         ],
-        grid=(n, pl.cdiv(hidden, cfg.block_h)),
+        grid=(n * pl.cdiv(hidden, cfg.block_h),),
         input_output_aliases={len(inputs) - 2: 0, len(inputs) - 1: 3},
+        num_warps=cfg.partial_warps,
         name="embwgrad_partials",
         n=n,
         hidden=hidden,
@@ -473,6 +694,8 @@ def _partials(plan, grad, main_grad, long_count, problem: Problem, cfg: _Config)
         grad_dtype=problem.grad_dtype,
         main_grad_dtype=problem.main_grad_dtype,
         block_h=cfg.block_h,
+        slot_major=cfg.slot_major,
+        unroll=cfg.unroll,
     )(*inputs)
 
 
@@ -495,8 +718,12 @@ def _long_runs(long_runs, long_count, sorted_keys, partials, main_grad, problem:
 
 def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config) -> _Stages:
     """All four stages on ids [n] (flattened) and grad [n, H] into main_grad [V, H] (aliased)."""
-    sorted_keys, sorted_pos, partial_ord = _sort(ids, problem, cfg)
-    run_start, long_count = _runs(sorted_keys, problem, cfg)
+    if cfg.sort == MERGE:
+        sorted_keys, sorted_pos, run_start, long_count = _merge_sort(ids, problem, cfg)
+        partial_ord = None
+    else:
+        sorted_keys, sorted_pos, partial_ord = _sort(ids, problem, cfg)
+        run_start, long_count = _runs(sorted_keys, problem, cfg)
     plan = (sorted_keys, sorted_pos, partial_ord, run_start)
     main_grad, partials, long_runs, long_count = _partials(plan, grad, main_grad, long_count, problem, cfg)
     main_grad = _long_runs(long_runs, long_count, sorted_keys, partials, main_grad, problem, cfg)
@@ -553,7 +780,7 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
         The new main_grad [V, H]. Only the rows of ids are read and written: rows of ids that
         do not occur, of padding_idx, and of ids outside [0, V) (skipped, not checked) keep
         their bits. On GPU, four Pallas Triton launches (three and a lax.sort above
-        RANK_SORT_MAX_TOKENS tokens); on CPU the same kernels in interpret mode.
+        MERGE_SORT_MAX_TOKENS tokens); on CPU the same kernels in interpret mode.
 
     Raises TypeError or ValueError, naming the argument, while tracing: main_grad is then
     neither donated nor changed. n == 0 or H == 0 returns main_grad unchanged.

@@ -45,14 +45,13 @@ def compile_one(fn, types, constexprs, num_warps=4):
 
 
 def variants():
-    for feature, (bi, bj) in ((True, (64, CHUNK)), (False, (32, 128))):
-        for ids in ("*i32", "*i64"):
-            yield (
-                f"rank feature={feature} ids={ids}",
-                ew._rank_kernel,
-                {"ids_ptr": ids},
-                {"FEATURE_PATH": feature, "CHUNK_SIZE": CHUNK, "BLOCK_I": bi, "BLOCK_J": bj},
-            )
+    for ids in ("*i32", "*i64"):
+        yield f"rank ids={ids}", ew._rank_kernel, {"ids_ptr": ids}, {"CHUNK_SIZE": CHUNK, "BLOCK_I": ew.RANK_TILES[0], "BLOCK_J": CHUNK}
+        for block in (256, 2048):
+            yield f"block_sort {block} ids={ids}", ew._block_sort_kernel, {"ids_ptr": ids}, {"BLOCK": block, "BLOCK_I": 256, "TILE": 32}
+    for block, blocks in ((256, 32), (512, 64), (2048, 64)):
+        consts = {"BLOCK": block, "NUM_BLOCKS": blocks, "STEPS": block.bit_length(), "BLOCK_U": 1024 // blocks}
+        yield f"merge_rank {block}x{blocks}", ew._merge_rank_kernel, {}, consts
     yield "runs", ew._runs_kernel, {}, {"BLOCK": 1024}
     for feature, grad, main in itertools.product((True, False), DTYPES, DTYPES):
         span = CHUNK if feature else NROWS
@@ -69,7 +68,7 @@ def variants():
             f"long_runs feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]}",
             ew._long_runs_kernel,
             types,
-            {**common, "BLOCK_H": 256},
+            {**common, "BLOCK_H": 256, "BATCH": 8},
         )
 
 

@@ -85,9 +85,11 @@ def uniform_ids(n: int, num_embeddings: int, seed: int = 0) -> np.ndarray:
 
 
 def zipf_ids(n: int, num_embeddings: int, a: float = 1.1, seed: int = 0) -> np.ndarray:
-    """Zipf(a) ranks mapped to ids by a fixed permutation, so frequent ids are spread over V."""
+    """Zipf(a) over the vocabulary: rank r in [1, V] with probability proportional to r^-a, ranks
+    mapped to ids by a fixed permutation, so frequent ids are spread over V."""
     rng = np.random.default_rng(seed)
-    ranks = (rng.zipf(a, size=n) - 1) % num_embeddings
+    cdf = np.cumsum(np.arange(1, num_embeddings + 1, dtype=np.float64) ** -a)
+    ranks = np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), num_embeddings - 1)
     return rng.permutation(num_embeddings)[ranks]
 
 

@@ -20,7 +20,10 @@ from embwgrad_core import (
     NROWS,
     SORT,
     key_packing,
+    MERGE_MAX_BLOCKS,
     make_plan,
+    merge_block,
+    merge_ranks,
     pack_keys,
     partial_buffer_rows,
     partial_row,
@@ -76,6 +79,23 @@ def test_packed_keys_sort_like_a_stable_sort(ids, vocab):
     order = np.argsort(keys, kind="stable")
     assert back_keys.tolist() == keys[order].tolist()
     assert back_pos.tolist() == order.tolist()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(-3, 40), min_size=1, max_size=300), st.integers(1, 40), st.sampled_from([1, 2, 4, 16, 64]))
+def test_merge_ranks_is_the_stable_sort(ids, vocab, block):
+    keys = sanitize_ids(ids, vocab)
+    slot, run_start = merge_ranks(keys, block)
+    order = np.argsort(keys, kind="stable")
+    assert slot[order].tolist() == list(range(keys.size))
+    assert run_start[order].tolist() == make_plan(ids, vocab, path=SORT).run_start.tolist()
+
+
+def test_merge_block_bounds_the_blocks():
+    for n in (1, 4096, 8192, 16384, 16385, 32768, 131072, 2**20):
+        block = merge_block(n)
+        assert block & (block - 1) == 0 and block >= 256
+        assert -(-n // block) <= MERGE_MAX_BLOCKS and (block == 256 or -(-n // (block // 2)) > MERGE_MAX_BLOCKS)
 
 
 # ----------------------------------------------------------------------------- plan

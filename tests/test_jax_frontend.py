@@ -1,7 +1,7 @@
 """jax_frontend: the Pallas kernels, bit for bit.
 
 Both backends (Pallas interpret mode on CPU, the Triton kernels on a GPU): every shared CPU
-case against the core reference, each stage against the core's plan, the three sorts, input
+case against the core reference, each stage against the core's plan, the four sorts, input
 checks, empty inputs, a user's jit with lax.scan, donation, the CUDA lowering (Triton pinned,
 main_grad aliased), the distance to XLA's own dense scatter-add. GPU only (skipped unless
 jax's default backend is "gpu"; EMBWGRAD_REQUIRE_GPU=1 makes a missing GPU a failure): the
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import jax_frontend
-from embwgrad_core import FEATURE, SORT, make_plan, reference
+from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, SORT, key_packing, make_plan, merge_block, reference
 from embwgrad_core.dtypes import numpy_dtype
 from jax_frontend import embedding_wgrad as ew
 from tests.cases import Case, assert_bits_equal, cpu_cases, gpu_cases, runs_ids, zipf_ids
@@ -98,7 +98,7 @@ SORT_CASES = [c for c in cpu_cases() if c.name in ("s-runs-f32-bf16", "s-padding
 @pytest.mark.parametrize("sort", [ew.PACKED, ew.PAIRS])
 @pytest.mark.parametrize("case", SORT_CASES, ids=lambda c: c.name)
 def test_lax_sorts_match_core_reference(case: Case, sort):
-    """The sorts used above RANK_SORT_MAX_TOKENS, forced on small cases, with keys of -1 (a padding id that occurs)."""
+    """The sorts used above MERGE_SORT_MAX_TOKENS, forced on small cases, with keys of -1 (a padding id that occurs)."""
     case = dataclasses.replace(case, path=SORT, padding_idx=int(case.ids.flat[0]))
     ids, grad, main_grad = case.arrays()
     expected = reference.accumulate(ids, grad, main_grad, padding_idx=case.padding_idx, path=SORT)
@@ -106,25 +106,47 @@ def test_lax_sorts_match_core_reference(case: Case, sort):
 
 
 def test_sort_choice_follows_threshold_and_packing():
-    def sort_for(n, vocab, path=SORT):
-        return ew._config(ew.Problem(n, 8, vocab, -1, "bfloat16", "float32"), path).sort
+    def config(n, vocab, path=SORT, overrides=()):
+        return ew._config(ew.Problem(n, 8, vocab, -1, "bfloat16", "float32"), path, (("interpret", False),) + overrides)
 
-    assert sort_for(ew.RANK_SORT_MAX_TOKENS, 129280) == ew.RANK
-    assert sort_for(ew.RANK_SORT_MAX_TOKENS + 1, 129280) == ew.PAIRS  # 17 + 16 bits
-    assert sort_for(ew.RANK_SORT_MAX_TOKENS + 1, 32000) == ew.PACKED  # 15 + 16 bits
-    assert sort_for(40000, 129280) == ew.PAIRS  # 17 + 16 bits
-    assert sort_for(65536, 32000) == ew.PACKED  # 15 + 16 bits
-    assert sort_for(3000, 10, FEATURE) == ew.RANK
-    with pytest.raises(ValueError, match="sort"):
-        ew._config(ew.Problem(100, 8, 10, -1, "bfloat16", "float32"), FEATURE, (("sort", ew.PACKED),))
-    with pytest.raises(ValueError, match="block_i"):
-        ew._config(ew.Problem(100, 8, 10, -1, "bfloat16", "float32"), SORT, (("block_i", 32), ("block_j", 128)))
+    top = MERGE_SORT_MAX_TOKENS
+    assert config(top, 129280).sort == ew.MERGE
+    assert config(FEATURE_PATH_MAX_TOKENS + 1, 129280).sort == ew.MERGE
+    assert key_packing(top + 1, 129280).dtype != "uint32" and config(top + 1, 129280).sort == ew.PAIRS
+    assert key_packing(top + 1, 16000).dtype == "uint32" and config(top + 1, 16000).sort == ew.PACKED
+    assert config(3000, 10, FEATURE).sort == ew.RANK
+
+    # The merge tiles follow merge_block(n), or a merge_block forced by the overrides.
+    for n in (FEATURE_PATH_MAX_TOKENS + 1, 8192, top):
+        cfg = config(n, 129280)
+        blocks = -(-n // cfg.merge_block)
+        assert (cfg.merge_block, cfg.merge_tile) == (merge_block(n), ew.MERGE_TILE)
+        assert blocks <= cfg.merge_blocks < 2 * blocks and cfg.merge_blocks <= MERGE_MAX_BLOCKS
+        assert cfg.merge_u * cfg.merge_blocks == ew.MERGE_LANES
+        assert (cfg.unroll, cfg.partial_warps, cfg.slot_major, cfg.merge_block_i) == (True, 1, True, ew.MERGE_BLOCK_I)
+    cfg = config(200, 10, overrides=(("merge_block", 8), ("merge_tile", 8)))
+    assert (cfg.merge_block, cfg.merge_tile, cfg.merge_blocks, cfg.merge_u) == (8, 8, 32, ew.MERGE_LANES // 32)
+    cfg = config(8192, 129280, overrides=(("interpret", True),))  # one tile per block, loops
+    assert (cfg.merge_tile, cfg.unroll) == (cfg.merge_block, False)
+
+    small = ew.Problem(100, 8, 10, -1, "bfloat16", "float32")
+    for path, overrides, field in [
+        (FEATURE, (("sort", ew.PACKED),), "sort"),
+        (FEATURE, (("sort", ew.MERGE),), "sort"),
+        (SORT, (("block_i", 32), ("block_j", 128)), "block_i"),
+        (SORT, (("merge_block", 24),), "merge_block"),
+        (SORT, (("merge_block", 8), ("merge_tile", 16)), "merge_tile"),
+        (SORT, (("merge_block", 8), ("merge_blocks", 8)), "merge_blocks"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            ew._config(small, path, overrides)
 
 
 # ----------------------------------------------------------------------------- stages against the plan
 
 
-STAGE_CASE = Case("stages", runs_ids((1, 9, 10, 11, 20, 21, 33, 45, 4), 300, seed=3), 24, 300, padding_idx=None, seed=3)
+STAGE_LENGTHS = (1, 9, 10, 11, 20, 21, 33, 45, 4)
+STAGE_CASE = Case("stages", runs_ids(STAGE_LENGTHS, 300, seed=3), 24, 300, padding_idx=None, seed=3)
 
 
 @functools.partial(jax.jit, static_argnames=("problem", "cfg"))
@@ -132,23 +154,36 @@ def _stages(ids, grad, main_grad, problem, cfg):
     return ew._run_stages(ids, grad, main_grad, problem, cfg)
 
 
-@pytest.mark.parametrize(
-    "path, sort",
-    [(SORT, ew.RANK), (SORT, ew.PACKED), (SORT, ew.PAIRS), (FEATURE, ew.RANK)],
-    ids=["sort-rank", "sort-packed", "sort-pairs", "feature-rank"],
-)
-def test_stages_match_core_plan(path, sort):
-    ids, grad, main_grad = STAGE_CASE.arrays()
+# Each route's sort and tiles (_Config overrides). Small tiles: the sort, the run search and the
+# H blocks cross program boundaries; merge-small's blocks of 8 tokens make 20 blocks of the
+# 154-token case; merge-gpu runs the GPU's own merge kernels on a case of three GPU blocks.
+STAGE_ROUTES = {
+    "sort-merge-small": (SORT, (("sort", ew.MERGE), ("merge_block", 8), ("merge_tile", 8))),
+    "sort-merge-gpu": (SORT, "gpu"),
+    "sort-rank": (SORT, (("sort", ew.RANK), ("block_i", 16), ("block_j", 8))),
+    "sort-packed": (SORT, (("sort", ew.PACKED),)),
+    "sort-pairs": (SORT, (("sort", ew.PAIRS), ("slot_major", False))),
+    "feature-rank": (FEATURE, (("block_i", 64), ("block_j", 32), ("unroll", True))),
+}
+
+
+@pytest.mark.parametrize("route", STAGE_ROUTES)
+def test_stages_match_core_plan(route):
+    path, overrides = STAGE_ROUTES[route]
+    case = STAGE_CASE
+    if overrides == "gpu":
+        case = dataclasses.replace(case, ids=runs_ids(STAGE_LENGTHS + (3,) * 140, 300, seed=3))  # 574 tokens
+        gpu = ew._config(ew.Problem(case.ids.size, case.hidden, case.num_embeddings, -1, "bfloat16", "float32"), path, (("interpret", False),))
+        assert gpu.sort == ew.MERGE and 2 * gpu.merge_block < case.ids.size, "the case must cross two merge blocks"
+        overrides = tuple((f, getattr(gpu, f)) for f in ("merge_block", "merge_block_i", "merge_tile", "merge_blocks", "merge_u", "unroll"))
+    ids, grad, main_grad = case.arrays()
     padding_idx = int(ids[0])  # a run of keys -1 too
     ids_j, grad_j, main_j = to_jax(ids), to_jax(grad), to_jax(main_grad)
     problem = ew._check(ids_j, grad_j, main_j, padding_idx)
-    # Small tiles: the sort, the run search and the H blocks cross program boundaries.
-    tiles = {FEATURE: (64, 32), SORT: (16, 8)}[path]
-    overrides = (("sort", sort), ("block_i", tiles[0]), ("block_j", tiles[1]), ("runs_block", 64))
-    overrides += (("block_h", 8), ("long_block_h", 16), ("long_programs", 3))
+    overrides += (("runs_block", 64), ("block_h", 8), ("long_block_h", 16), ("long_programs", 3))
     cfg = ew._config(problem, path, overrides)
     stages = jax.tree.map(lambda a: None if a is None else np.asarray(a), _stages(ids_j, grad_j, main_j, problem, cfg))
-    plan = make_plan(ids, STAGE_CASE.num_embeddings, padding_idx=padding_idx, path=path)
+    plan = make_plan(ids, case.num_embeddings, padding_idx=padding_idx, path=path)
 
     assert_bits_equal(stages.sorted_keys, plan.sorted_keys.astype(np.int32), "sorted_keys")
     assert_bits_equal(stages.sorted_pos, plan.sorted_pos.astype(np.int32), "sorted_pos")
@@ -232,7 +267,7 @@ def test_int64_ids_under_x64():
     with jax.enable_x64(True):
         ids_j = to_jax(ids)
         assert ids_j.dtype == jnp.int64
-        for sort in (ew.RANK, ew.PAIRS):
+        for sort in (ew.MERGE, ew.RANK, ew.PAIRS):
             out = ew._accumulate(ids_j, to_jax(grad), to_jax(main_grad), padding_idx=7, path=SORT, overrides=(("sort", sort),))
             assert_bits_equal(np.asarray(out), expected, f"main_grad ({sort})")
 
@@ -302,8 +337,21 @@ def _cuda_module(fn, *args, **static) -> str:
 TRITON_CALL = re.compile(r'custom_call @"?(__gpu\$xla\.gpu\.triton|triton_kernel_call_ffi)"?\(')
 
 
-@pytest.mark.parametrize("n, sorts, x64", [(8192, 4, False), (40000, 3, False), (8192, 4, True)])
-def test_cuda_lowering_is_triton_and_aliases_main_grad(n, sorts, x64):
+MERGE_KERNELS = ["embwgrad_block_sort", "embwgrad_merge_rank"]
+FEATURE_KERNELS = ["embwgrad_rank", "embwgrad_runs"]
+
+
+@pytest.mark.parametrize(
+    "n, x64, plan_kernels",
+    [
+        (8192, False, MERGE_KERNELS),
+        (MERGE_SORT_MAX_TOKENS, False, MERGE_KERNELS),
+        (MERGE_SORT_MAX_TOKENS + 1, False, ["embwgrad_runs"]),  # after a lax.sort
+        (8192, True, MERGE_KERNELS),
+        (FEATURE_PATH_MAX_TOKENS, False, FEATURE_KERNELS),
+    ],
+)
+def test_cuda_lowering_is_triton_and_aliases_main_grad(n, x64, plan_kernels):
     """Lowered for CUDA (works without a GPU): Triton custom calls with pinned warps, main_grad aliased."""
     with jax.enable_x64(x64):
         ids = jax.ShapeDtypeStruct((n,), jnp.int64 if x64 else jnp.int32)
@@ -312,10 +360,11 @@ def test_cuda_lowering_is_triton_and_aliases_main_grad(n, sorts, x64):
         text = _cuda_module(ew._accumulate, ids, grad, main_grad, overrides=(("interpret", False),))
     calls = [line for line in text.splitlines() if TRITON_CALL.search(line)]
     names = [re.search(r'name = "(\w+)"', line).group(1) for line in calls]
-    expected = ["embwgrad_rank"] * (sorts == 4) + ["embwgrad_runs", "embwgrad_partials", "embwgrad_long_runs"]
-    assert names == expected
-    assert all("num_warps = 4" in line and "num_stages = 2" in line for line in calls)
-    assert ("stablehlo.sort" in text) == (sorts == 3)
+    assert names == plan_kernels + ["embwgrad_partials", "embwgrad_long_runs"]
+    warps = [int(re.search(r"num_warps = (\d+)", line).group(1)) for line in calls]
+    assert warps == [4] * len(plan_kernels) + [1, 4]  # _Config.partial_warps
+    assert all("num_stages = 2" in line for line in calls)
+    assert ("stablehlo.sort" in text) == (plan_kernels == ["embwgrad_runs"])
     assert re.search(r"%arg2: tensor<129280x7168xf32> \{[^}]*tf\.aliasing_output = 0", text)  # donated
     writers = [line for line in calls if "embwgrad_partials" in line or "embwgrad_long_runs" in line]
     assert all("output_operand_aliases" in line for line in writers)

@@ -7,6 +7,8 @@ deterministic algorithms and against the core reference, CUDA-graph capture, no 
 synchronisation, extra memory.
 """
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torch_frontend
-from embwgrad_core import FEATURE, SORT, make_plan, reference, torch_path
+from embwgrad_core import CHUNK, FEATURE, SORT, make_plan, reference, torch_path
 from embwgrad_core.dtypes import numpy_dtype
 from tests.cases import Case, assert_bits_equal, core_checked_on_gpu, cpu_cases, gpu_cases, runs_ids
 from torch_frontend import embedding_wgrad as ew
@@ -81,19 +83,35 @@ def test_kernels_match_core_reference_hypothesis(ids, hidden, path, dtypes, seed
     assert_bits_equal(to_numpy(out), expected)
 
 
+# Sort routes and tiles run on the interpreter: small merge blocks cross block boundaries
+# within ~200 tokens; the GPU's own tiles run too.
+STAGE_ROUTES = {
+    "merge-small": (SORT, dict(sort="merge", merge_block=8, merge_tile=8, merge_blocks=64, merge_u=16)),
+    "merge-gpu": (SORT, "gpu"),
+    "torch.sort": (SORT, dict(sort="torch")),
+    "rank-small": (FEATURE, dict(block_i=2 * CHUNK, block_j=CHUNK, block_h=8)),
+    "merge-small-h-blocks": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=16, merge_u=8, block_h=8)),
+    "rank-gpu": (FEATURE, dict(zip(("block_i", "block_j"), ew.RANK_TILES))),
+}
+
+
 @cpu_only
-@pytest.mark.parametrize("tiles", ["small", "gpu"])
-@pytest.mark.parametrize("path", [SORT, FEATURE])
-def test_stages_match_core_plan(path, tiles, monkeypatch):
-    # Small rank tiles cross tile boundaries within ~150 tokens; the GPU's tiles run here too.
-    small = (64, 32) if path == FEATURE else (16, 8)
-    monkeypatch.setitem(ew.INTERPRET_RANK_TILES, path, small if tiles == "small" else ew.RANK_TILES[path])
-    lengths = (1, 9, 10, 11, 20, 21, 33, 45) + (1,) * 60  # ~210 tokens: several GPU-size tiles
-    case = Case("stages", runs_ids(lengths, 300, seed=3), 24, 300, path=path, padding_idx=None)
+@pytest.mark.parametrize("route", STAGE_ROUTES)
+def test_stages_match_core_plan(route):
+    path, changes = STAGE_ROUTES[route]
+    lengths = (1, 9, 10, 11, 20, 21, 33, 45) + (1,) * 60  # ~210 tokens
+    if route == "merge-gpu":
+        lengths += (3,) * 120  # ~570 tokens: three blocks of the GPU's merge_block
+    case = Case("stages", runs_ids(lengths, 1000, seed=3), 24, 1000, path=path, padding_idx=None)
     ids, grad, main_grad = case.arrays()
     ids_t, grad_t, out = to_torch(ids), to_torch(grad), to_torch(main_grad)
     problem = ew._check(ids_t, grad_t, out, None)
-    cfg = ew._config(problem, path, interpret=True)
+    cfg = ew._config(problem, path, True)
+    if changes == "gpu":
+        gpu = ew._config(problem, path, False)
+        assert gpu.merge_block < ids.size, "the case must cross merge blocks"
+        changes = dict(merge_block=gpu.merge_block, merge_block_i=gpu.merge_block_i, merge_tile=gpu.merge_tile, merge_blocks=gpu.merge_blocks, merge_u=gpu.merge_u)
+    cfg = dataclasses.replace(cfg, **changes)
     plan = make_plan(ids, case.num_embeddings, path=path)
     device_plan = ew._plan_stage(ids_t, problem, cfg)
     assert device_plan.sorted_keys.tolist() == plan.sorted_keys.tolist()
