@@ -4,7 +4,7 @@ The JAX twin of torch_frontend/embedding_wgrad.py: the same four stages, the sam
 in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
 
 1. Sort the tokens by key, stably. Pallas has no sort inside a kernel. Sort path, up to
-   MERGE_SORT_MAX_TOKENS: ``_block_sort_kernel`` sorts blocks of merge_block(n) tokens by
+   JAX_MERGE_MAX_TOKENS: ``_block_sort_kernel`` sorts blocks of merge_block(n) tokens by
    counting, then ``_merge_rank_kernel`` ranks every token in each other block by binary
    search and writes the sorted keys, positions and run starts (embwgrad_core.merge_ranks is
    the model; about 10 us for 8192 tokens for the torch twin, against about 50 us for XLA's
@@ -16,8 +16,8 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
    partial's rows in fp32, in order. A run of one partial is finished there (rounded and
    added into main_grad); a longer run's partials go to a scratch buffer at
    ``embwgrad_core.partial_row``, and its last partial appends the run to a list. Every
-   index it needs is loaded in one round trip before the rows, and the body is straight-line
-   code under masks.
+   index it needs is loaded in one round trip before the rows; programs of slots that start
+   no partial stop there.
 4. ``_long_runs_kernel`` folds each listed run's partials in order, rounds, adds to main_grad.
 
 No atomics touch floating-point data; the one atomic counts the long-run list, whose order
@@ -40,8 +40,9 @@ JAX specifics:
 Limits: n and V below 2**31 (keys and positions are int32). jax 0.11 deprecates the Pallas
 Triton backend (SPEC.md): a Mosaic GPU port is the way forward. Interpret mode is for tests: it
 runs every program in turn. There XLA:CPU flushes fp32 subnormals to zero (FTZ/DAZ), so
-subnormal inputs count as signed zeros; the GPU keeps them, as PyTorch does. GPU tiles are
-first guesses, not yet tuned on the H200.
+subnormal inputs count as signed zeros; the GPU keeps them, as PyTorch does. GPU settings were
+measured on the H200 (benchmarks/NOTES.md): the merge and partials settings come from the torch
+twin's variants, the merge threshold and partials warps from benchmarks/probe_jax.py.
 """
 
 import dataclasses
@@ -82,6 +83,13 @@ MERGE_BLOCK_I = 64
 #: Lanes ([tokens, blocks]) of one _merge_rank_kernel program (measured in the torch twin:
 #: 1024 beat 2048, benchmarks/NOTES.md).
 MERGE_LANES = 1024
+
+#: Up to this many tokens the sort path sorts with the merge-rank kernels, above it with
+#: lax.sort: the embwgrad_core threshold (MERGE_SORT_MAX_TOKENS), lowered because the Pallas
+#: merge kernels measured several times slower than their Triton twins on the H200 (85-100 us
+#: against 13 us at 8192 tokens; benchmarks/NOTES.md). Whole calls: 8192 tokens 0.187 ms
+#: merged against 0.218 ms with lax.sort; 16384 tokens 0.449 against 0.390.
+JAX_MERGE_MAX_TOKENS = min(MERGE_SORT_MAX_TOKENS, 8192)
 
 #: The ways to sort (_Config.sort).
 MERGE, RANK, PACKED, PAIRS = "merge", "rank", "packed", "pairs"
@@ -501,7 +509,7 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
     interpret = forced.get("interpret", jax.default_backend() == "cpu")
     if feature:
         sort = RANK  # the feature path needs the chunk ordinals that only _rank_kernel gives
-    elif n <= MERGE_SORT_MAX_TOKENS:
+    elif n <= JAX_MERGE_MAX_TOKENS:
         sort = MERGE
     elif key_packing(n, problem.num_embeddings).dtype == "uint32":
         sort = PACKED
@@ -532,7 +540,7 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         block_j=block_j,
         runs_block=1024,
         block_h=block_h,
-        partial_warps=1,
+        partial_warps=2,
         slot_major=True,
         unroll=not interpret,
         long_block_h=long_block_h,
@@ -780,7 +788,7 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
         The new main_grad [V, H]. Only the rows of ids are read and written: rows of ids that
         do not occur, of padding_idx, and of ids outside [0, V) (skipped, not checked) keep
         their bits. On GPU, four Pallas Triton launches (three and a lax.sort above
-        MERGE_SORT_MAX_TOKENS tokens); on CPU the same kernels in interpret mode.
+        JAX_MERGE_MAX_TOKENS tokens); on CPU the same kernels in interpret mode.
 
     Raises TypeError or ValueError, naming the argument, while tracing: main_grad is then
     neither donated nor changed. n == 0 or H == 0 returns main_grad unchanged.

@@ -109,11 +109,11 @@ def test_sort_choice_follows_threshold_and_packing():
     def config(n, vocab, path=SORT, overrides=()):
         return ew._config(ew.Problem(n, 8, vocab, -1, "bfloat16", "float32"), path, (("interpret", False),) + overrides)
 
-    top = MERGE_SORT_MAX_TOKENS
+    top = ew.JAX_MERGE_MAX_TOKENS
     assert config(top, 129280).sort == ew.MERGE
     assert config(FEATURE_PATH_MAX_TOKENS + 1, 129280).sort == ew.MERGE
-    assert key_packing(top + 1, 129280).dtype != "uint32" and config(top + 1, 129280).sort == ew.PAIRS
-    assert key_packing(top + 1, 16000).dtype == "uint32" and config(top + 1, 16000).sort == ew.PACKED
+    assert key_packing(top + 1, 129280).dtype == "uint32" and config(top + 1, 129280).sort == ew.PACKED
+    assert key_packing(2**16, 2**17).dtype != "uint32" and config(2**16, 2**17).sort == ew.PAIRS
     assert config(3000, 10, FEATURE).sort == ew.RANK
 
     # The merge tiles follow merge_block(n), or a merge_block forced by the overrides.
@@ -123,7 +123,7 @@ def test_sort_choice_follows_threshold_and_packing():
         assert (cfg.merge_block, cfg.merge_tile) == (merge_block(n), ew.MERGE_TILE)
         assert blocks <= cfg.merge_blocks < 2 * blocks and cfg.merge_blocks <= MERGE_MAX_BLOCKS
         assert cfg.merge_u * cfg.merge_blocks == ew.MERGE_LANES
-        assert (cfg.unroll, cfg.partial_warps, cfg.slot_major, cfg.merge_block_i) == (True, 1, True, ew.MERGE_BLOCK_I)
+        assert (cfg.unroll, cfg.partial_warps, cfg.slot_major, cfg.merge_block_i) == (True, 2, True, ew.MERGE_BLOCK_I)
     cfg = config(200, 10, overrides=(("merge_block", 8), ("merge_tile", 8)))
     assert (cfg.merge_block, cfg.merge_tile, cfg.merge_blocks, cfg.merge_u) == (8, 8, 32, ew.MERGE_LANES // 32)
     cfg = config(8192, 129280, overrides=(("interpret", True),))  # one tile per block, loops
@@ -345,8 +345,8 @@ FEATURE_KERNELS = ["embwgrad_rank", "embwgrad_runs"]
     "n, x64, plan_kernels",
     [
         (8192, False, MERGE_KERNELS),
-        (MERGE_SORT_MAX_TOKENS, False, MERGE_KERNELS),
-        (MERGE_SORT_MAX_TOKENS + 1, False, ["embwgrad_runs"]),  # after a lax.sort
+        (ew.JAX_MERGE_MAX_TOKENS, False, MERGE_KERNELS),
+        (ew.JAX_MERGE_MAX_TOKENS + 1, False, ["embwgrad_runs"]),  # after a lax.sort
         (8192, True, MERGE_KERNELS),
         (FEATURE_PATH_MAX_TOKENS, False, FEATURE_KERNELS),
     ],
@@ -362,7 +362,7 @@ def test_cuda_lowering_is_triton_and_aliases_main_grad(n, x64, plan_kernels):
     names = [re.search(r'name = "(\w+)"', line).group(1) for line in calls]
     assert names == plan_kernels + ["embwgrad_partials", "embwgrad_long_runs"]
     warps = [int(re.search(r"num_warps = (\d+)", line).group(1)) for line in calls]
-    assert warps == [4] * len(plan_kernels) + [1, 4]  # _Config.partial_warps
+    assert warps == [4] * len(plan_kernels) + [2, 4]  # _Config.partial_warps
     assert all("num_stages = 2" in line for line in calls)
     assert ("stablehlo.sort" in text) == (plan_kernels == ["embwgrad_runs"])
     assert re.search(r"%arg2: tensor<129280x7168xf32> \{[^}]*tf\.aliasing_output = 0", text)  # donated
