@@ -86,9 +86,10 @@ MERGE_LANES = 1024
 
 #: Up to this many tokens the sort path sorts with the merge-rank kernels, above it with
 #: lax.sort: the embwgrad_core threshold (MERGE_SORT_MAX_TOKENS), lowered because the Pallas
-#: merge kernels measured several times slower than their Triton twins on the H200 (85-100 us
-#: against 13 us at 8192 tokens; benchmarks/NOTES.md). Whole calls: 8192 tokens 0.187 ms
-#: merged against 0.218 ms with lax.sort; 16384 tokens 0.449 against 0.390.
+#: merge kernels ran several times slower than their Triton twins on the H200, though they
+#: compile to the same code with pip Triton (benchmarks/NOTES.md). Whole calls: 8192 tokens
+#: 0.187 ms merged against 0.218 ms with lax.sort; 16384 tokens 0.449 against 0.390; 32768
+#: tokens 0.878 against 0.686.
 JAX_MERGE_MAX_TOKENS = min(MERGE_SORT_MAX_TOKENS, 8192)
 
 #: The ways to sort (_Config.sort).
