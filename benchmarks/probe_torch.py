@@ -131,9 +131,9 @@ def main():
             line(f"long runs batch{batch} programs{programs}", n, dist, graph_ms(lambda cfg=cfg: ew._long_runs_stage(plan, partials, work, problem, cfg)))
         if n > 32768:
             continue
-        for bh, w, loop in ((1024, 1, False), (1024, 1, True), (1024, 2, True), (1024, 4, True), (2048, 4, True), (2048, 8, True), (512, 1, True)):
-            cfg = replace(base, block_h=bh, partial_warps=w, h_loop=loop)
-            line(f"partials h{bh}w{w} h_loop={loop}", n, dist, graph_ms(lambda cfg=cfg: run_partials(cfg)))
+        for bh, w in ((1024, 1), (1024, 2), (2048, 2), (512, 1)):
+            cfg = replace(base, block_h=bh, partial_warps=w)
+            line(f"partials h{bh}w{w}", n, dist, graph_ms(lambda cfg=cfg: run_partials(cfg)))
         for bh, w, sm in ((1024, 1, True),):
             s = lambda bh=bh, w=w, sm=sm: _stream_kernel[(n * triton.cdiv(hidden, bh),)](ids, grad, work, n, hidden, BLOCK_H=bh, SLOT_MAJOR=sm, num_warps=w)  # noqa: E731
             line(f"stream h{bh}w{w} slot_major={sm}", n, dist, graph_ms(s))
