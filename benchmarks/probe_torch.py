@@ -12,16 +12,14 @@ from dataclasses import replace
 import torch
 import triton
 import triton.language as tl
+from bench_torch import copy_bandwidth, graph_ms
+from bench_torch import median_ms as bench
 from common import floor_bytes, ids_for
 
 import torch_frontend
 from embwgrad_core import torch_path
 from tests.cases import REAL_H, REAL_V
 from torch_frontend import embedding_wgrad as ew
-
-
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
 def host_us(fn, reps=100):
@@ -33,18 +31,6 @@ def host_us(fn, reps=100):
     dt = time.perf_counter() - t
     torch.cuda.synchronize()
     return dt / reps * 1e6
-
-
-def graph_ms(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return bench(g.replay)
 
 
 @triton.jit
@@ -73,10 +59,7 @@ def main():
     torch.manual_seed(0)
     vocab, hidden = REAL_V, REAL_H
     main_grad = torch.randn(vocab, hidden, device="cuda")
-    src = torch.empty(2**28, device="cuda")
-    dst = torch.empty_like(src)
-    bw = 2 * src.numel() * 4 / bench(lambda: dst.copy_(src))
-    del src, dst
+    bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e9:.3f} TB/s")
     points = [(1024, "uniform"), (4096, "uniform"), (8192, "zipf"), (8192, "uniform"), (32768, "uniform")]
     for n, dist in points:

@@ -48,7 +48,7 @@ def variants():
     for ids in ("*i32", "*i64"):
         yield f"rank ids={ids}", ew._rank_kernel, {"ids_ptr": ids}, {"CHUNK_SIZE": CHUNK, "BLOCK_I": ew.RANK_TILES[0], "BLOCK_J": CHUNK}
         for block in (256, 2048):
-            yield f"block_sort {block} ids={ids}", ew._block_sort_kernel, {"ids_ptr": ids}, {"BLOCK": block, "BLOCK_I": 256, "TILE": 32}
+            yield f"block_sort {block} ids={ids}", ew._block_sort_kernel, {"ids_ptr": ids}, {"BLOCK": block, "BLOCK_I": 64, "TILE": 32}
     for block, blocks in ((256, 32), (512, 64), (2048, 64)):
         consts = {"BLOCK": block, "NUM_BLOCKS": blocks, "STEPS": block.bit_length(), "BLOCK_U": 1024 // blocks}
         yield f"merge_rank {block}x{blocks}", ew._merge_rank_kernel, {}, consts
