@@ -55,14 +55,22 @@ def line(name, n, dist, value, unit="ms"):
     print(f"{name:40s} n={n:6d} {dist:7s} {value:9.4f} {unit}", flush=True)
 
 
+POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform")]
+#: _partials_kernel (block_h, num_warps, maxnreg) variants
+PARTIALS = ((1024, 1, None), (512, 1, 64), (1024, 2, 64))
+#: _long_runs_kernel (block_h, num_warps, batch, programs) variants
+LONG_RUNS = ((256, 4, 8, 146), (128, 1, 16, 64), (128, 1, 32, 64), (256, 2, 16, 64), (256, 4, 16, 64), (512, 4, 16, 64), (128, 1, 64, 64))
+#: _block_sort_kernel (block_i, tile, num_warps of both merge kernels) variants
+PLANS = ((64, 32, 4), (16, 256, 4), (32, 256, 4), (16, 256, 2), (16, 256, 8))
+
+
 def main():
     torch.manual_seed(0)
     vocab, hidden = REAL_V, REAL_H
     main_grad = torch.randn(vocab, hidden, device="cuda")
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e9:.3f} TB/s")
-    points = [(1024, "uniform"), (4096, "uniform"), (8192, "zipf"), (8192, "uniform"), (32768, "uniform")]
-    for n, dist in points:
+    for n, dist in POINTS:
         grad = torch.randn(n, hidden, device="cuda").bfloat16()
         ids_np = ids_for(dist, n, vocab)
         ids = torch.from_numpy(ids_np).cuda()
@@ -76,50 +84,27 @@ def main():
         problem = ew._check(ids, grad, work, None)
         path = torch_path(n)
         base = ew._config(problem, path, False)
-        plan = ew._plan_stage(ids, problem, base)
-        partials = ew._partials_stage(plan, grad, work, problem, base)
         line("host: _check", n, dist, host_us(lambda: ew._check(ids, grad, work, None), 1000), "us")
-        line("host: _config", n, dist, host_us(lambda: ew._config(problem, path, False), 1000), "us")
-        line("host: plan stage", n, dist, host_us(lambda: ew._plan_stage(ids, problem, base)), "us")
-        line("host: partials stage", n, dist, host_us(lambda: (plan.long_count.zero_(), ew._partials_stage(plan, grad, work, problem, base))), "us")
-        line("host: long stage", n, dist, host_us(lambda: ew._long_runs_stage(plan, partials, work, problem, base)), "us")
-        line("plan graph " + base.sort, n, dist, graph_ms(lambda: ew._plan_stage(ids, problem, base)))
-        if path == "sort":
-            line("plan graph torch.sort", n, dist, graph_ms(lambda: ew._plan_stage(ids, problem, replace(base, sort="torch"))))
-            variants = []
-            for block in ((256,) if n <= 8192 else (512, 1024)):
-                blocks = triton.next_power_of_2(triton.cdiv(n, block))
-                if blocks > 128 or blocks < 2:
-                    continue
-                for lanes, bi, warps in ((1024, 64, 4), (1024, 32, 4), (2048, 64, 8)):
-                    variants.append((block, blocks, max(1, lanes // blocks), bi, warps))
-            for block, blocks, u, bi, warps in variants:
-                cfg = replace(base, sort="merge", merge_block=block, merge_blocks=blocks, merge_u=u, merge_block_i=bi, merge_warps=warps)
-                line(f"plan merge b{block} u{u} bi{bi} w{warps}", n, dist, graph_ms(lambda cfg=cfg: ew._plan_stage(ids, problem, cfg)))
-            replay = ew._CALLS[ew._call_key(ids, grad, work, problem, path)]
-            launcher = ew._Launcher(replay)
-            line("host: replayed launch (long runs)", n, dist, host_us(lambda: (setattr(launcher, "recorded", list(replay[:3])), ew._long_runs_stage(plan, partials, work, problem, base, launcher))), "us")
-            line("host: generic launch (long runs)", n, dist, host_us(lambda: ew._long_runs_stage(plan, partials, work, problem, base)), "us")
+        for bi, tile, w in PLANS:
+            cfg = replace(base, merge_block_i=bi, merge_tile=min(tile, base.merge_block), merge_warps=w)
+            line(f"plan graph {base.sort} bi{bi} tile{tile} w{w}", n, dist, graph_ms(lambda cfg=cfg: ew._plan_stage(ids, problem, cfg)))
 
         def run_partials(cfg):
             plan.long_count.zero_()
             ew._partials_stage(plan, grad, work, problem, cfg)
 
+        plan = ew._plan_stage(ids, problem, base)
+        for bh, w, reg in PARTIALS:
+            cfg = replace(base, block_h=bh, partial_warps=w, partial_maxnreg=reg)
+            line(f"partials h{bh} w{w} maxnreg {reg}", n, dist, graph_ms(lambda cfg=cfg: run_partials(cfg)))
+        s = lambda: _stream_kernel[(n * triton.cdiv(hidden, 1024),)](ids, grad, work, n, hidden, BLOCK_H=1024, SLOT_MAJOR=True, num_warps=1)  # noqa: E731
+        line("stream h1024 w1", n, dist, graph_ms(s))
         plan = ew._plan_stage(ids, problem, base)  # a fresh long-run list: the timings above appended to it
         partials = ew._partials_stage(plan, grad, work, problem, base)
-        line("long runs graph", n, dist, graph_ms(lambda: ew._long_runs_stage(plan, partials, work, problem, base)))
-        print("long runs listed:", int(plan.long_count), plan.long_runs[: 2 * int(plan.long_count)].tolist()[:16], flush=True)
-        for batch, programs in ((1, base.long_programs), (4, base.long_programs), (8, 36), (16, base.long_programs)):
-            cfg = replace(base, long_batch=batch, long_programs=programs)
-            line(f"long runs batch{batch} programs{programs}", n, dist, graph_ms(lambda cfg=cfg: ew._long_runs_stage(plan, partials, work, problem, cfg)))
-        if n > 32768:
-            continue
-        for bh, w in ((1024, 1), (1024, 2), (2048, 2), (512, 1)):
-            cfg = replace(base, block_h=bh, partial_warps=w)
-            line(f"partials h{bh}w{w}", n, dist, graph_ms(lambda cfg=cfg: run_partials(cfg)))
-        for bh, w, sm in ((1024, 1, True),):
-            s = lambda bh=bh, w=w, sm=sm: _stream_kernel[(n * triton.cdiv(hidden, bh),)](ids, grad, work, n, hidden, BLOCK_H=bh, SLOT_MAJOR=sm, num_warps=w)  # noqa: E731
-            line(f"stream h{bh}w{w} slot_major={sm}", n, dist, graph_ms(s))
+        print("long runs listed:", int(plan.long_count), flush=True)
+        for bh, w, batch, programs in LONG_RUNS:
+            cfg = replace(base, long_block_h=bh, long_warps=w, long_batch=batch, long_programs=programs)
+            line(f"long runs h{bh} w{w} batch{batch} programs{programs}", n, dist, graph_ms(lambda cfg=cfg: ew._long_runs_stage(plan, partials, work, problem, cfg)))
         del work
 
 

@@ -16,6 +16,7 @@ Kernel stages in both frontends are tested against these arrays.
 """
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -86,8 +87,28 @@ def merge_block(num_tokens: int, max_blocks: int = MERGE_MAX_BLOCKS) -> int:
     return block
 
 
-def merge_ranks(keys, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """(slot, run_start) of every token: the stable sort by key as the frontends' kernels compute it.
+class MergeTiles(NamedTuple):
+    """GPU tiles of the merge-rank kernels, shared by both frontends (measured: benchmarks/NOTES.md)."""
+
+    block_i: int  # tokens of a block that one block-sort program ranks
+    tile: int  # tokens of the block it compares them with per step
+    lanes: int  # [tokens, blocks] lanes of one merge-rank program
+
+
+def merge_tiles(block: int) -> MergeTiles:
+    """The merge kernels' GPU tiles for blocks of ``block`` tokens.
+
+    Blocks of 256 (n <= 16384): 16 tokens against the whole block in one step, 40 registers
+    (H200, 8192 tokens: 13.2 us against 14.1 for 64 x 32). Larger blocks: 64 x 32 steps, since
+    a [64, 512] step would spill and 16 x 256 measured slower at 32768 tokens (41 us against 39).
+    """
+    if block <= 256:
+        return MergeTiles(block_i=min(16, block), tile=block, lanes=1024)
+    return MergeTiles(block_i=64, tile=32, lanes=1024)
+
+
+def merge_ranks(keys, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(slot, run_start, run_end) of every token: the stable sort by key as the frontends' kernels compute it.
 
     1. Cut the tokens into blocks of ``block`` consecutive positions and sort each block
        stably by counting: a token's local rank is the number of tokens of its block with a
@@ -95,7 +116,8 @@ def merge_ranks(keys, block: int) -> tuple[np.ndarray, np.ndarray]:
     2. In every other block, binary-search the token's key in the sorted block: blocks
        before its own add the keys <= it (equal keys there come earlier), blocks after add
        the keys < it. With its local rank that is its slot in the stable sort.
-    3. Its run starts at the number of keys < it over all blocks.
+    3. Its run starts at the number of keys < it over all blocks, and ends (exclusive) at the
+       number of keys <= it: both are sums of the searches of step 2.
 
     About n * block comparisons and 2 * n * (n / block) * log2(block) probes, instead of the
     n^2 comparisons of ranking against every token.
@@ -104,6 +126,7 @@ def merge_ranks(keys, block: int) -> tuple[np.ndarray, np.ndarray]:
     n = keys.size
     slot = np.empty(n, np.int64)
     run_start = np.zeros(n, np.int64)
+    run_end = np.zeros(n, np.int64)
     starts = range(0, n, block)
     sorted_blocks = [np.sort(keys[b : b + block], kind="stable") for b in starts]
     for own, b in enumerate(starts):
@@ -112,12 +135,14 @@ def merge_ranks(keys, block: int) -> tuple[np.ndarray, np.ndarray]:
         slot[b : b + block] = local
         for other, sorted_block in enumerate(sorted_blocks):
             lower = np.searchsorted(sorted_block, mine, side="left")
+            upper = np.searchsorted(sorted_block, mine, side="right")
             run_start[b : b + block] += lower
+            run_end[b : b + block] += upper
             if other < own:
-                slot[b : b + block] += np.searchsorted(sorted_block, mine, side="right")
+                slot[b : b + block] += upper
             elif other > own:
                 slot[b : b + block] += lower
-    return slot, run_start
+    return slot, run_start, run_end
 
 
 def partial_row(run_start, k, path: str):

@@ -15,9 +15,9 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
 3. ``_partials_kernel``: one program per (slot, H block) that starts a partial sums the
    partial's rows in fp32, in order. A run of one partial is finished there (rounded and
    added into main_grad); a longer run's partials go to a scratch buffer at
-   ``embwgrad_core.partial_row``, and its last partial appends the run to a list. Every
-   index it needs is loaded in one round trip before the rows; programs of slots that start
-   no partial stop there.
+   ``embwgrad_core.partial_row``, and its last partial appends the run to a list. The slot's
+   key, run start, run end and position come in one round trip; programs of slots that start
+   no partial stop there, partials of one row load it with the main_grad row and are done.
 4. ``_long_runs_kernel`` folds each listed run's partials in order, rounds, adds to main_grad.
 
 No atomics touch floating-point data; the one atomic counts the long-run list, whose order
@@ -63,6 +63,7 @@ from embwgrad_core import (
     SORT,
     key_packing,
     merge_block,
+    merge_tiles,
     partial_buffer_rows,
     partial_row,
     torch_path,
@@ -72,17 +73,6 @@ from embwgrad_core.validate import Problem, check_args
 #: (block_i, block_j) of _rank_kernel in interpret mode, where every program step is an XLA:CPU
 #: loop iteration: large tiles keep it fast. Tests shrink them to cross tile boundaries.
 INTERPRET_RANK_TILES = {SORT: (256, 256), FEATURE: (8 * CHUNK, CHUNK)}
-
-#: _block_sort_kernel's comparison tile on a GPU; in interpret mode one tile spans the block.
-MERGE_TILE = 32
-
-#: Tokens of a block that one _block_sort_kernel program ranks on a GPU (a [MERGE_BLOCK_I,
-#: MERGE_TILE] counter per program: whole blocks of 512 and more spill registers).
-MERGE_BLOCK_I = 64
-
-#: Lanes ([tokens, blocks]) of one _merge_rank_kernel program (measured in the torch twin:
-#: 1024 beat 2048, benchmarks/NOTES.md).
-MERGE_LANES = 1024
 
 #: Up to this many tokens the sort path sorts with the merge-rank kernels, above it with
 #: lax.sort: the embwgrad_core threshold (MERGE_SORT_MAX_TOKENS), lowered because the Pallas
@@ -175,6 +165,7 @@ def _merge_rank_kernel(
     sorted_keys_ref,  # int32 [n]: keys in sorted order
     sorted_pos_ref,  # int32 [n]: positions in sorted order
     run_start_ref,  # int32 [n]: first slot of each slot's run
+    run_end_ref,  # int32 [n]: one past the last slot of each slot's run
     long_count_ref,  # int32 [1]: the long-run counter, zeroed here
     *,
     n: int,
@@ -187,7 +178,8 @@ def _merge_rank_kernel(
     """Sort path, step 2: every token's slot and run start from binary searches in every block.
 
     Blocks before the token's own add their keys <= its key, blocks after their keys < it,
-    its own block its local rank; the run starts after all keys < it (plan.merge_ranks).
+    its own block its local rank; the run starts after all keys < it and ends after all keys
+    <= it (plan.merge_ranks).
     """
     u0 = pl.program_id(0) * block_u
     u = u0 + lax.iota(jnp.int32, block_u)
@@ -222,10 +214,12 @@ def _merge_rank_kernel(
     others = jnp.where(earlier_block, lo_le, jnp.where(later_block, lo_lt, 0))
     slot = u - own * block + jnp.sum(others, axis=1, dtype=jnp.int32)
     run_start = jnp.sum(lo_lt, axis=1, dtype=jnp.int32)
+    run_end = jnp.sum(lo_le, axis=1, dtype=jnp.int32)
     slot = jnp.where(live, slot, u)  # lanes past n scatter past the end (see _rank_kernel)
     plgpu.store(sorted_keys_ref.at[slot], key, mask=live)
     plgpu.store(sorted_pos_ref.at[slot], pos, mask=live)
     plgpu.store(run_start_ref.at[slot], run_start, mask=live)
+    plgpu.store(run_end_ref.at[slot], run_end, mask=live)
 
     @pl.when(pl.program_id(0) == 0)
     def _():
@@ -293,6 +287,7 @@ def _runs_kernel(
     sorted_keys_ref,  # int32 [n]: keys in sorted order
     # Outputs
     run_start_ref,  # int32 [n]: first slot of each slot's run
+    run_end_ref,  # int32 [n]: one past the last slot of each slot's run
     long_count_ref,  # int32 [1]: the long-run counter, zeroed here
     *,
     n: int,
@@ -303,14 +298,24 @@ def _runs_kernel(
     live = s < n
     key = plgpu.load(sorted_keys_ref.at[pl.ds(s0, block)], mask=live, other=0)
 
-    def halve(_, bounds):  # the run start lies in [lo, hi]
-        lo, hi = bounds
+    def halve(_, bounds):  # the run start lies in [lo, hi], the run end in [lo_end, hi_end]
+        lo, hi, lo_end, hi_end = bounds
         mid = (lo + hi) // 2
         below = plgpu.load(sorted_keys_ref.at[mid], mask=live, other=0) < key
-        return jnp.where(below, mid + 1, lo), jnp.where(below, hi, mid)
+        mid_end = (lo_end + hi_end) // 2
+        # Lanes whose search reached n read slot s instead (masked loads still need an address in interpret mode).
+        within = plgpu.load(sorted_keys_ref.at[jnp.where(mid_end < n, mid_end, s)], mask=live & (mid_end < n), other=_INT32_MAX) <= key
+        return (
+            jnp.where(below, mid + 1, lo),
+            jnp.where(below, hi, mid),
+            jnp.where(within, mid_end + 1, lo_end),
+            jnp.where(within, hi_end, mid_end),
+        )
 
-    lo, _ = lax.fori_loop(0, n.bit_length(), halve, (jnp.zeros((block,), jnp.int32), s))
+    zero = jnp.zeros((block,), jnp.int32)
+    lo, _, lo_end, _ = lax.fori_loop(0, n.bit_length(), halve, (zero, s, s + 1, zero + n))
     plgpu.store(run_start_ref.at[pl.ds(s0, block)], lo, mask=live)
+    plgpu.store(run_end_ref.at[pl.ds(s0, block)], lo_end, mask=live)
 
     @pl.when(pl.program_id(0) == 0)
     def _():
@@ -323,6 +328,7 @@ def _partials_kernel(
     sorted_keys_ref,  # int32 [n]: keys in sorted order
     sorted_pos_ref,  # int32 [n]: positions in sorted order
     run_start_ref,  # int32 [n]: first slot of each slot's run
+    run_end_ref,  # int32 [n]: one past the last slot of each slot's run
     grad_ref,  # [n, H] bf16/fp16/fp32: position p's row is row p
     main_grad_in_ref,  # [V, H]: aliased to main_grad_ref, never read (stale in interpret mode)
     long_count_in_ref,  # int32 [1]: aliased to long_count_ref, never read
@@ -341,7 +347,13 @@ def _partials_kernel(
     slot_major: bool,  # program p is (slot p // H blocks, block p % H blocks), else (p % n, p // n)
     unroll: bool,  # the rows unrolled, their indices loaded first (as the torch twin), else a loop
 ):
-    """One program per (slot, H block): every index in one round trip, then (if the slot starts a partial) the rows."""
+    """One program per (slot, H block) that starts a partial: its rows summed in order.
+
+    Sort path (as the torch twin): one round trip loads the slot's key, run start, run end and
+    position; slots that start no partial stop there. A partial of one row loads it with the
+    main_grad row and is done; longer partials load their other positions, then the rows.
+    Feature path: the next CHUNK slots' keys and positions come in the first round trip.
+    """
     del main_grad_in_ref, long_count_in_ref
     feature = path == FEATURE
     span = CHUNK if feature else NROWS  # most slots in a partial
@@ -357,60 +369,31 @@ def _partials_kernel(
         key_t = plgpu.load(sorted_keys_ref.at[slot], mask=slot < n, other=-2)
         return key_t, plgpu.load(sorted_pos_ref.at[slot], mask=slot < n, other=0)
 
-    # One round trip for every index before any row: the slot's key and run start, the next
-    # span slots' keys and positions (unrolled; a loop loads them row by row), and (sort path)
-    # the key NROWS slots on.
     key = sorted_keys_ref[s]
     run_start = run_start_ref[s]
-    spanned = [slot_indices(t) for t in range(span)] if unroll else None
+    pos0 = sorted_pos_ref[s]
     is_first = s == run_start
     if feature:
-        chunk = sorted_pos_ref[s] // CHUNK
+        spanned = [slot_indices(t) for t in range(span)] if unroll else None
+        chunk = pos0 // CHUNK
         prev_chunk = plgpu.load(sorted_pos_ref.at[s - 1], mask=s > run_start, other=-CHUNK) // CHUNK
         k = partial_ord_ref[s]
         active = (key >= 0) & (is_first | (prev_chunk != chunk))
     else:
-        after = s + NROWS
-        next_key = plgpu.load(sorted_keys_ref.at[after], mask=after < n, other=-2)
+        run_end = run_end_ref[s]
         k = (s - run_start) // NROWS
         active = (key >= 0) & ((s - run_start) % NROWS == 0)
-        # The run ends in this partial iff slot s + NROWS holds another key: known before any
-        # row is read, so a finished run's main_grad row loads alongside its grad rows.
-        is_last = next_key != key
+        nrows = jnp.minimum(run_end - s, NROWS)
+        is_last = run_end <= s + NROWS
 
-    def add_row(key_t, pos_t, sums):  # (acc, count) after slot s + t, rows in slot order
-        acc, count = sums
-        mine = key_t == key
-        if feature:
-            mine &= pos_t // CHUNK == chunk
-        g = plgpu.load(grad_ref.at[pos_t, row_block], mask=live_h & mine, other=0)
-        # acc is never -0, so adding +0 for a row not taken leaves it.
-        return acc + g.astype(jnp.float32), count + mine.astype(jnp.int32)
+    def load_old(finish):  # the main_grad row of a run of one partial, before its grad rows, to overlap them
+        return plgpu.load(main_grad_ref.at[key, row_block], mask=live_h & finish, other=0).astype(jnp.float32)
 
-    @pl.when(active)  # slots that start no partial stop after the index round trip
-    def _():
-        if not feature:
-            finish = is_first & is_last
-            old = plgpu.load(main_grad_ref.at[key, row_block], mask=live_h & finish, other=0).astype(jnp.float32)
-        sums = (jnp.zeros((block_h,), jnp.float32), jnp.int32(0))
-        if unroll:
-            for key_t, pos_t in spanned:
-                sums = add_row(key_t, pos_t, sums)
-        else:
-            sums = lax.fori_loop(0, span, lambda t, sums: add_row(*slot_indices(t), sums), sums)
-        acc, count = sums
-        if feature:  # the chunk's last slot is known only now
-            after = s + count
-            last = plgpu.load(sorted_keys_ref.at[after], mask=after < n, other=-2) != key
-            finish = is_first & last
-            old = plgpu.load(main_grad_ref.at[key, row_block], mask=live_h & finish, other=0).astype(jnp.float32)
-        else:
-            last = is_last
-        # A run of one partial: +0 + s (sort path) and +0 + round(s) (feature path) both round to round(s).
-        new = _round(old + _round(acc, grad_dtype), main_grad_dtype)
+    def write(acc, gw, old, finish, last):
+        """A run of one partial: round(old + gw) into main_grad; else acc to the scratch buffer and, if last, the run to the list."""
+        new = _round(old + gw, main_grad_dtype)
         plgpu.store(main_grad_ref.at[key, row_block], new.astype(main_grad_ref.dtype), mask=live_h & finish)
-        # A partial of a longer run: to the scratch buffer (embwgrad_core.partial_row).
-        row = partial_row(run_start, k, path).astype(jnp.int32)
+        row = partial_row(run_start, k, path).astype(jnp.int32)  # embwgrad_core.partial_row
         plgpu.store(partials_ref.at[row, row_block], acc, mask=live_h & ~finish)
 
         @pl.when(~finish & last & (hb == 0))
@@ -418,6 +401,56 @@ def _partials_kernel(
             entry = plgpu.atomic_add(long_count_ref, jnp.int32(0), jnp.int32(1))
             long_runs_ref[entry, 0] = run_start
             long_runs_ref[entry, 1] = k + 1
+
+    def add_row(pos_t, take, acc):  # acc after the row at position pos_t, if take
+        g = plgpu.load(grad_ref.at[pos_t, row_block], mask=live_h & take, other=0)
+        return acc + g.astype(jnp.float32)  # acc is never -0, so adding +0 for a row not taken leaves it
+
+    if feature:
+
+        @pl.when(active)
+        def _():
+            def add_slot(key_t, pos_t, sums):  # (acc, count) after slot s + t, rows in slot order
+                acc, count = sums
+                mine = (key_t == key) & (pos_t // CHUNK == chunk)
+                return add_row(pos_t, mine, acc), count + mine.astype(jnp.int32)
+
+            sums = (jnp.zeros((block_h,), jnp.float32), jnp.int32(0))
+            if unroll:
+                for key_t, pos_t in spanned:
+                    sums = add_slot(key_t, pos_t, sums)
+            else:
+                sums = lax.fori_loop(0, span, lambda t, sums: add_slot(*slot_indices(t), sums), sums)
+            acc, count = sums
+            after = s + count  # the chunk's last slot is known only now
+            last = plgpu.load(sorted_keys_ref.at[after], mask=after < n, other=-2) != key
+            # A run of one partial: +0 + round(s) rounds to round(s).
+            write(acc, _round(acc, grad_dtype), load_old(is_first & last), is_first & last, last)
+
+        return
+
+    # Sort path. One row: already a value of grad's dtype, so rounding would change nothing;
+    # 0 + row turns -0 into +0, as PyTorch's sum does.
+    finish = is_first & is_last
+
+    @pl.when(active & (nrows == 1))
+    def _():
+        old = load_old(finish)
+        acc = add_row(pos0, True, jnp.zeros((block_h,), jnp.float32))
+        write(acc, acc, old, finish, is_last)
+
+    @pl.when(active & (nrows > 1))
+    def _():
+        old = load_old(finish)
+        acc = add_row(pos0, True, jnp.zeros((block_h,), jnp.float32))
+        if unroll:  # every position, then every row, in flight at once
+            taken = [t < nrows for t in range(1, span)]
+            positions = [plgpu.load(sorted_pos_ref.at[s + t], mask=take, other=0) for t, take in zip(range(1, span), taken)]
+            for pos_t, take in zip(positions, taken):
+                acc = add_row(pos_t, take, acc)
+        else:
+            acc = lax.fori_loop(1, nrows, lambda t, acc: add_row(sorted_pos_ref[s + t], True, acc), acc)
+        write(acc, _round(acc, grad_dtype), old, finish, is_last)
 
 
 def _long_runs_kernel(
@@ -435,7 +468,9 @@ def _long_runs_kernel(
     grad_dtype: str,
     main_grad_dtype: str,
     block_h: int,
+    batch: int,  # partials loaded per step
 ):
+    """Fold each listed run's partials in order, round, add to main_grad; programs stride the list."""
     del main_grad_in_ref
     feature = path == FEATURE
     program, programs = pl.program_id(0), pl.num_programs(0)
@@ -447,14 +482,23 @@ def _long_runs_kernel(
         run_start = long_runs_ref[entry, 0]
         num_partials = long_runs_ref[entry, 1]
 
-        def add_partial(k, acc):
-            row = partial_row(run_start, k, path).astype(jnp.int32)
-            part = plgpu.load(partials_ref.at[row, pl.ds(h0, block_h)], mask=live_h, other=0.0)
-            if feature:
-                return _round(acc + _round(part, grad_dtype), grad_dtype)
-            return acc + part
+        def add_batch(b, acc):  # batch partials' loads in flight at once; the adds one at a time, in order
+            parts = []
+            for u in range(batch):
+                # Past the run's last partial, load that one again (an address, no predicate,
+                # so every load issues before the first add) and drop it.
+                take = b * batch + u < num_partials
+                k = jnp.minimum(b * batch + u, num_partials - 1)
+                row = partial_row(run_start, k, path).astype(jnp.int32)
+                parts.append((take, plgpu.load(partials_ref.at[row, pl.ds(h0, block_h)], mask=live_h, other=0.0)))
+            for take, part in parts:
+                if feature:
+                    acc = jnp.where(take, _round(acc + _round(part, grad_dtype), grad_dtype), acc)
+                else:
+                    acc = jnp.where(take, acc + part, acc)
+            return acc
 
-        acc = lax.fori_loop(0, num_partials, add_partial, jnp.zeros((block_h,), jnp.float32))
+        acc = lax.fori_loop(0, (num_partials + batch - 1) // batch, add_batch, jnp.zeros((block_h,), jnp.float32))
         if not feature:
             acc = _round(acc, grad_dtype)
         _add_to_row(main_grad_ref, sorted_keys_ref[run_start], h0, live_h, acc, main_grad_dtype)
@@ -491,6 +535,8 @@ class _Config:
     unroll: bool
     long_block_h: int  # _long_runs_kernel columns per program
     long_programs: int  # _long_runs_kernel programs along the run list
+    long_batch: int  # partials _long_runs_kernel loads at once
+    long_warps: int  # _long_runs_kernel's num_warps
     max_long_runs: int  # rows of the long-run list
     num_warps: int  # every kernel's but _partials_kernel's
     num_stages: int
@@ -519,6 +565,7 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
     max_long_runs = max(1, n // 2 if feature else n // (NROWS + 1))  # a long run has > 1 partial
     mblock = forced.get("merge_block", merge_block(n))
     mblocks = pl.next_power_of_2(pl.cdiv(n, mblock))
+    tiles = merge_tiles(mblock)  # shared with the torch twin
     if interpret:  # one H block per program and few long-run programs: fewer interpreter steps
         block_i, block_j = INTERPRET_RANK_TILES[path]
         block_h = long_block_h = pl.next_power_of_2(hidden)
@@ -527,16 +574,17 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         block_i, block_j = (64, CHUNK) if feature else (128, 64)  # block_i a multiple of block_j
         block_h = min(1024, pl.next_power_of_2(hidden))
         long_block_h = min(256, block_h)
-        long_programs = max(1, min(max_long_runs, 1024 // pl.cdiv(hidden, long_block_h)))
+        # As the torch twin: 64 programs along the run list for small n, up to 4096 in all.
+        long_programs = max(1, min(max_long_runs, max(64, min(4096 // pl.cdiv(hidden, long_block_h), n // 128))))
     cfg = _Config(
         path=path,
         sort=sort,
         interpret=interpret,
         merge_block=mblock,
-        merge_block_i=mblock if interpret else MERGE_BLOCK_I,
-        merge_tile=mblock if interpret else min(MERGE_TILE, mblock),
+        merge_block_i=mblock if interpret else tiles.block_i,
+        merge_tile=mblock if interpret else tiles.tile,
         merge_blocks=mblocks,
-        merge_u=max(1, MERGE_LANES // mblocks),
+        merge_u=max(1, tiles.lanes // mblocks),
         block_i=block_i,
         block_j=block_j,
         runs_block=1024,
@@ -546,6 +594,8 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         unroll=not interpret,
         long_block_h=long_block_h,
         long_programs=long_programs,
+        long_batch=1 if interpret else 16,
+        long_warps=4,
         max_long_runs=max_long_runs,
         num_warps=4,
         num_stages=2,
@@ -586,6 +636,7 @@ class _Stages(NamedTuple):
     sorted_pos: jax.Array  # int32 [n]
     partial_ord: jax.Array | None  # int32 [n], feature path only
     run_start: jax.Array  # int32 [n]
+    run_end: jax.Array  # int32 [n]
     partials: jax.Array  # fp32 [partial_buffer_rows, H]: meaningful at the partial rows of long runs
     long_runs: jax.Array  # int32 [max_long_runs, 2]: the first long_count rows are meaningful
     long_count: jax.Array  # int32 [1]
@@ -593,7 +644,7 @@ class _Stages(NamedTuple):
 
 
 def _merge_sort(ids, problem: Problem, cfg: _Config):
-    """Stages 1 and 2 by the merge-rank sort: (sorted_keys, sorted_pos, run_start, long_count zeroed)."""
+    """Stages 1 and 2 by the merge-rank sort: (sorted_keys, sorted_pos, run_start, run_end, long_count zeroed)."""
     n = problem.num_tokens
     slots = jax.ShapeDtypeStruct((n,), jnp.int32)
     block_keys, block_pos = _call(
@@ -612,7 +663,7 @@ def _merge_sort(ids, problem: Problem, cfg: _Config):
     return _call(
         _merge_rank_kernel,
         cfg,
-        out_shape=[slots, slots, slots, jax.ShapeDtypeStruct((1,), jnp.int32)],
+        out_shape=[slots, slots, slots, slots, jax.ShapeDtypeStruct((1,), jnp.int32)],
         grid=(pl.cdiv(n, cfg.merge_u),),
         name="embwgrad_merge_rank",
         n=n,
@@ -660,12 +711,12 @@ def _sort(ids, problem: Problem, cfg: _Config):
 
 
 def _runs(sorted_keys, problem: Problem, cfg: _Config):
-    """Stage 2: (run_start, long_count zeroed)."""
+    """Stage 2: (run_start, run_end, long_count zeroed)."""
     n = problem.num_tokens
     return _call(
         _runs_kernel,
         cfg,
-        out_shape=[jax.ShapeDtypeStruct((n,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32)],
+        out_shape=[jax.ShapeDtypeStruct((n,), jnp.int32)] * 2 + [jax.ShapeDtypeStruct((1,), jnp.int32)],
         grid=(pl.cdiv(n, cfg.runs_block),),
         name="embwgrad_runs",
         n=n,
@@ -676,14 +727,14 @@ def _runs(sorted_keys, problem: Problem, cfg: _Config):
 def _partials(plan, grad, main_grad, long_count, problem: Problem, cfg: _Config):
     """Stage 3: sum every partial, finish runs of one partial, list the long runs.
 
-    plan is (sorted_keys, sorted_pos, partial_ord or None, run_start). Returns (main_grad,
-    partials, long_runs, long_count), main_grad and long_count aliased to the inputs.
+    plan is (sorted_keys, sorted_pos, partial_ord or None, run_start, run_end). Returns
+    (main_grad, partials, long_runs, long_count), main_grad and long_count aliased to the inputs.
     """
-    sorted_keys, sorted_pos, partial_ord, run_start = plan
+    sorted_keys, sorted_pos, partial_ord, run_start, run_end = plan
     n, hidden = problem.num_tokens, problem.hidden
     feature = cfg.path == FEATURE
     kernel = _partials_kernel if feature else functools.partial(_partials_kernel, None)
-    inputs = [partial_ord] * feature + [sorted_keys, sorted_pos, run_start, grad, main_grad, long_count]
+    inputs = [partial_ord] * feature + [sorted_keys, sorted_pos, run_start, run_end, grad, main_grad, long_count]
     return _call(
         kernel,
         cfg,
@@ -716,24 +767,26 @@ def _long_runs(long_runs, long_count, sorted_keys, partials, main_grad, problem:
         out_shape=jax.ShapeDtypeStruct(main_grad.shape, main_grad.dtype),
         grid=(cfg.long_programs, pl.cdiv(problem.hidden, cfg.long_block_h)),
         input_output_aliases={4: 0},
+        num_warps=cfg.long_warps,
         name="embwgrad_long_runs",
         hidden=problem.hidden,
         path=cfg.path,
         grad_dtype=problem.grad_dtype,
         main_grad_dtype=problem.main_grad_dtype,
         block_h=cfg.long_block_h,
+        batch=cfg.long_batch,
     )(long_runs, long_count, sorted_keys, partials, main_grad)
 
 
 def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config) -> _Stages:
     """All four stages on ids [n] (flattened) and grad [n, H] into main_grad [V, H] (aliased)."""
     if cfg.sort == MERGE:
-        sorted_keys, sorted_pos, run_start, long_count = _merge_sort(ids, problem, cfg)
+        sorted_keys, sorted_pos, run_start, run_end, long_count = _merge_sort(ids, problem, cfg)
         partial_ord = None
     else:
         sorted_keys, sorted_pos, partial_ord = _sort(ids, problem, cfg)
-        run_start, long_count = _runs(sorted_keys, problem, cfg)
-    plan = (sorted_keys, sorted_pos, partial_ord, run_start)
+        run_start, run_end, long_count = _runs(sorted_keys, problem, cfg)
+    plan = (sorted_keys, sorted_pos, partial_ord, run_start, run_end)
     main_grad, partials, long_runs, long_count = _partials(plan, grad, main_grad, long_count, problem, cfg)
     main_grad = _long_runs(long_runs, long_count, sorted_keys, partials, main_grad, problem, cfg)
     return _Stages(*plan, partials, long_runs, long_count, main_grad)

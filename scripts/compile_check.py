@@ -20,7 +20,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from embwgrad_core import CHUNK, NROWS  # noqa: E402
+from embwgrad_core import CHUNK, NROWS, merge_tiles  # noqa: E402
 from torch_frontend import embedding_wgrad as ew  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -47,8 +47,10 @@ def compile_one(fn, types, constexprs, num_warps=4):
 def variants():
     for ids in ("*i32", "*i64"):
         yield f"rank ids={ids}", ew._rank_kernel, {"ids_ptr": ids}, {"CHUNK_SIZE": CHUNK, "BLOCK_I": ew.RANK_TILES[0], "BLOCK_J": CHUNK}
-        for block in (256, 2048):
-            yield f"block_sort {block} ids={ids}", ew._block_sort_kernel, {"ids_ptr": ids}, {"BLOCK": block, "BLOCK_I": 64, "TILE": 32}
+        for block in (256, 512, 2048):
+            tiles = merge_tiles(block)
+            consts = {"BLOCK": block, "BLOCK_I": tiles.block_i, "TILE": tiles.tile}
+            yield f"block_sort {block} ids={ids}", ew._block_sort_kernel, {"ids_ptr": ids}, consts
     for block, blocks in ((256, 32), (512, 64), (2048, 64)):
         consts = {"BLOCK": block, "NUM_BLOCKS": blocks, "STEPS": block.bit_length(), "BLOCK_U": 1024 // blocks}
         yield f"merge_rank {block}x{blocks}", ew._merge_rank_kernel, {}, consts
@@ -68,7 +70,7 @@ def variants():
             f"long_runs feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]}",
             ew._long_runs_kernel,
             types,
-            {**common, "BLOCK_H": 256, "BATCH": 8},
+            {**common, "BLOCK_H": 256, "BATCH": 16},
         )
 
 

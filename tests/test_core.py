@@ -85,10 +85,12 @@ def test_packed_keys_sort_like_a_stable_sort(ids, vocab):
 @given(st.lists(st.integers(-3, 40), min_size=1, max_size=300), st.integers(1, 40), st.sampled_from([1, 2, 4, 16, 64]))
 def test_merge_ranks_is_the_stable_sort(ids, vocab, block):
     keys = sanitize_ids(ids, vocab)
-    slot, run_start = merge_ranks(keys, block)
+    slot, run_start, run_end = merge_ranks(keys, block)
     order = np.argsort(keys, kind="stable")
+    plan = make_plan(ids, vocab, path=SORT)
     assert slot[order].tolist() == list(range(keys.size))
-    assert run_start[order].tolist() == make_plan(ids, vocab, path=SORT).run_start.tolist()
+    assert run_start[order].tolist() == plan.run_start.tolist()
+    assert run_end[order].tolist() == plan.run_end.tolist()
 
 
 def test_merge_block_bounds_the_blocks():

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import jax_frontend
-from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, SORT, key_packing, make_plan, merge_block, reference
+from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
 from embwgrad_core.dtypes import numpy_dtype
 from jax_frontend import embedding_wgrad as ew
 from tests.cases import Case, assert_bits_equal, cpu_cases, gpu_cases, runs_ids, zipf_ids
@@ -120,12 +120,13 @@ def test_sort_choice_follows_threshold_and_packing():
     for n in (FEATURE_PATH_MAX_TOKENS + 1, 8192, top):
         cfg = config(n, 129280)
         blocks = -(-n // cfg.merge_block)
-        assert (cfg.merge_block, cfg.merge_tile) == (merge_block(n), ew.MERGE_TILE)
+        tiles = merge_tiles(cfg.merge_block)
+        assert (cfg.merge_block, cfg.merge_tile, cfg.merge_block_i) == (merge_block(n), tiles.tile, tiles.block_i)
         assert blocks <= cfg.merge_blocks < 2 * blocks and cfg.merge_blocks <= MERGE_MAX_BLOCKS
-        assert cfg.merge_u * cfg.merge_blocks == ew.MERGE_LANES
-        assert (cfg.unroll, cfg.partial_warps, cfg.slot_major, cfg.merge_block_i) == (True, 2, True, ew.MERGE_BLOCK_I)
+        assert cfg.merge_u * cfg.merge_blocks == tiles.lanes
+        assert (cfg.unroll, cfg.partial_warps, cfg.slot_major) == (True, 2, True)
     cfg = config(200, 10, overrides=(("merge_block", 8), ("merge_tile", 8)))
-    assert (cfg.merge_block, cfg.merge_tile, cfg.merge_blocks, cfg.merge_u) == (8, 8, 32, ew.MERGE_LANES // 32)
+    assert (cfg.merge_block, cfg.merge_tile, cfg.merge_blocks, cfg.merge_u) == (8, 8, 32, merge_tiles(8).lanes // 32)
     cfg = config(8192, 129280, overrides=(("interpret", True),))  # one tile per block, loops
     assert (cfg.merge_tile, cfg.unroll) == (cfg.merge_block, False)
 
@@ -163,7 +164,7 @@ STAGE_ROUTES = {
     "sort-rank": (SORT, (("sort", ew.RANK), ("block_i", 16), ("block_j", 8))),
     "sort-packed": (SORT, (("sort", ew.PACKED),)),
     "sort-pairs": (SORT, (("sort", ew.PAIRS), ("slot_major", False))),
-    "feature-rank": (FEATURE, (("block_i", 64), ("block_j", 32), ("unroll", True))),
+    "feature-rank": (FEATURE, (("block_i", 64), ("block_j", 32), ("unroll", True), ("long_batch", 3))),
 }
 
 
@@ -175,7 +176,7 @@ def test_stages_match_core_plan(route):
         case = dataclasses.replace(case, ids=runs_ids(STAGE_LENGTHS + (3,) * 140, 300, seed=3))  # 574 tokens
         gpu = ew._config(ew.Problem(case.ids.size, case.hidden, case.num_embeddings, -1, "bfloat16", "float32"), path, (("interpret", False),))
         assert gpu.sort == ew.MERGE and 2 * gpu.merge_block < case.ids.size, "the case must cross two merge blocks"
-        overrides = tuple((f, getattr(gpu, f)) for f in ("merge_block", "merge_block_i", "merge_tile", "merge_blocks", "merge_u", "unroll"))
+        overrides = tuple((f, getattr(gpu, f)) for f in ("merge_block", "merge_block_i", "merge_tile", "merge_blocks", "merge_u", "unroll", "long_batch"))
     ids, grad, main_grad = case.arrays()
     padding_idx = int(ids[0])  # a run of keys -1 too
     ids_j, grad_j, main_j = to_jax(ids), to_jax(grad), to_jax(main_grad)
@@ -188,6 +189,7 @@ def test_stages_match_core_plan(route):
     assert_bits_equal(stages.sorted_keys, plan.sorted_keys.astype(np.int32), "sorted_keys")
     assert_bits_equal(stages.sorted_pos, plan.sorted_pos.astype(np.int32), "sorted_pos")
     assert_bits_equal(stages.run_start, plan.run_start.astype(np.int32), "run_start")
+    assert_bits_equal(stages.run_end, plan.run_end.astype(np.int32), "run_end")
     if path == FEATURE:
         assert_bits_equal(stages.partial_ord, plan.partial_ord.astype(np.int32), "partial_ord")
     else:

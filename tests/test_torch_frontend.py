@@ -117,6 +117,7 @@ def test_stages_match_core_plan(route):
     assert device_plan.sorted_keys.tolist() == plan.sorted_keys.tolist()
     assert device_plan.sorted_pos.tolist() == plan.sorted_pos.tolist()
     assert device_plan.run_start.tolist() == plan.run_start.tolist()
+    assert device_plan.run_end.tolist() == plan.run_end.tolist()
     if path == FEATURE:
         assert device_plan.partial_ord.tolist() == plan.partial_ord.tolist()
 

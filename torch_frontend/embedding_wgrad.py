@@ -13,8 +13,9 @@ Design (SPEC.md; embwgrad_core.plan names the pieces). Four launches, no host sy
 3. ``_partials_kernel``: one program per (slot, H block) that starts a partial sums the
    partial's rows in fp32, in order. A run of one partial is finished there (rounded and
    added into main_grad); a longer run's partials go to a scratch buffer, and its last
-   partial appends the run to a list. A slot that starts no partial stops after one round
-   trip for its key, run start and the key NROWS slots on.
+   partial appends the run to a list. One round trip brings the slot's key, run start, run
+   end and position; a slot that starts no partial stops there, and a partial of one row
+   (most of them when ids spread over a large vocabulary) is then a plain copy-add.
 4. ``_long_runs_kernel`` folds each listed run's partials in order, rounds, adds to main_grad.
 
 No atomics touch floating-point data: every sum's order is PyTorch's. The only atomic is the
@@ -35,7 +36,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from embwgrad_core import CHUNK, FEATURE, MERGE_SORT_MAX_TOKENS, NROWS, merge_block, partial_buffer_rows, torch_path
+from embwgrad_core import CHUNK, FEATURE, MERGE_SORT_MAX_TOKENS, NROWS, merge_block, merge_tiles, partial_buffer_rows, torch_path
 from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args
@@ -54,8 +55,9 @@ _POS = tl.constexpr(1)  # positions in sorted order
 _RUN_START = tl.constexpr(2)  # first slot of each slot's run
 _AUX = tl.constexpr(3)  # feature path: partial_ord; merge sort: block-sorted keys
 _AUX2 = tl.constexpr(4)  # merge sort: block-sorted positions
-_LONG = tl.constexpr(5)  # [1] long-run counter, then [2 * max_long_runs] (run start, partials) pairs
-_WORKSPACE_ARRAYS = 5
+_RUN_END = tl.constexpr(5)  # one past the last slot of each slot's run
+_LONG = tl.constexpr(6)  # [1] long-run counter, then [2 * max_long_runs] (run start, partials) pairs
+_WORKSPACE_ARRAYS = 6
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -120,7 +122,7 @@ def _block_sort_kernel(
 
 @triton.jit
 def _merge_rank_kernel(
-    ws_ptr,  # int32 workspace: block-sorted keys and positions in; sorted keys, positions, run starts out
+    ws_ptr,  # int32 workspace: block-sorted keys and positions in; sorted keys, positions, run starts and ends out
     n,  # number of tokens
     BLOCK: tl.constexpr,  # tokens per block of _block_sort_kernel
     NUM_BLOCKS: tl.constexpr,  # a power of two >= cdiv(n, BLOCK)
@@ -130,7 +132,8 @@ def _merge_rank_kernel(
     """Sort path, step 2: every token's slot and run start from binary searches in every block.
 
     Blocks before the token's own add their keys <= its key, blocks after their keys < it,
-    its own block its local rank; the run starts after all keys < it (plan.merge_ranks).
+    its own block its local rank; the run starts after all keys < it and ends after all keys
+    <= it (plan.merge_ranks).
     """
     u = tl.program_id(0) * BLOCK_U + tl.arange(0, BLOCK_U)
     live = u < n
@@ -157,9 +160,11 @@ def _merge_rank_kernel(
     later_block = c[None, :] > own[:, None]
     slot = u - own * BLOCK + tl.sum(tl.where(earlier_block, lo_le, tl.where(later_block, lo_lt, 0)), axis=1)
     run_start = tl.sum(lo_lt, axis=1)
+    run_end = tl.sum(lo_le, axis=1)
     tl.store(ws_ptr + _KEYS * n + slot, key, mask=live)
     tl.store(ws_ptr + _POS * n + slot, pos, mask=live)
     tl.store(ws_ptr + _RUN_START * n + slot, run_start, mask=live)
+    tl.store(ws_ptr + _RUN_END * n + slot, run_end, mask=live)
     if tl.program_id(0) == 0:
         tl.store(ws_ptr + _LONG * n, 0)  # the long-run counter
 
@@ -211,23 +216,30 @@ def _rank_kernel(
 
 @triton.jit
 def _runs_kernel(
-    ws_ptr,  # int32 workspace: sorted keys in; run starts out; the long-run counter zeroed
+    ws_ptr,  # int32 workspace: sorted keys in; run starts and ends out; the long-run counter zeroed
     n,  # number of tokens
     search_steps,  # binary-search steps: n.bit_length()
     BLOCK: tl.constexpr,  # slots per program
 ):
-    """Feature path and torch.sort: every slot's run start by binary search in the sorted keys."""
+    """Feature path and torch.sort: every slot's run start and end by binary search in the sorted keys."""
     s = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = s < n
     key = tl.load(ws_ptr + _KEYS * n + s, mask=live, other=0)
     lo = tl.zeros([BLOCK], dtype=tl.int32)
     hi = s  # the run start lies in [lo, hi]
+    lo_end = s + 1  # the run end lies in [lo_end, hi_end]
+    hi_end = tl.zeros([BLOCK], dtype=tl.int32) + n
     for _ in range(search_steps):
         mid = (lo + hi) // 2
         below = tl.load(ws_ptr + _KEYS * n + mid, mask=live, other=0) < key
         lo = tl.where(below, mid + 1, lo)
         hi = tl.where(below, hi, mid)
+        mid_end = (lo_end + hi_end) // 2
+        within = tl.load(ws_ptr + _KEYS * n + mid_end, mask=live & (mid_end < n), other=_INT32_MAX) <= key
+        lo_end = tl.where(within, mid_end + 1, lo_end)
+        hi_end = tl.where(within, hi_end, mid_end)
     tl.store(ws_ptr + _RUN_START * n + s, lo, mask=live)
+    tl.store(ws_ptr + _RUN_END * n + s, lo_end, mask=live)
     if tl.program_id(0) == 0:
         tl.store(ws_ptr + _LONG * n, 0)
 
@@ -240,7 +252,7 @@ def _partials_kernel(
     partials_ptr,  # fp32 [partial_buffer_rows, H] out: partial sums of long runs
     n,  # number of tokens
     hidden,  # H
-    grad_dim1,
+    grad_dim1,  # 1 for a contiguous grad: Triton then folds the division away
     grad_stride0,
     grad_stride1,
     grad_stride_h,
@@ -254,10 +266,14 @@ def _partials_kernel(
 ):
     """Program p sums, over H block p % cdiv(H, BLOCK_H), the partial that starts at slot p // cdiv(H, BLOCK_H).
 
-    The first round trip loads the slot's key and run start and (sort path) the key SPAN slots
-    on; programs of slots that start no partial stop there. The others load the SPAN slots'
-    keys and positions, then the rows. (One program per slot looping over the H blocks measured
-    1.5x slower: its row loads wait for the previous block's stores.)
+    Sort path: one round trip loads the slot's key, run start, run end and position, which
+    say whether the slot starts a partial, how many rows it has and whether it finishes its
+    run; programs of slots that start no partial stop there. A partial of one row (most of
+    them for ids spread over a large vocabulary) then loads its grad row with the main_grad
+    row and is done: two round trips, the instructions of a plain copy. Longer partials load
+    the other positions, then their rows, unrolled so that all are in flight at once.
+    (One program per slot looping over the H blocks measured 1.5x slower: its row loads wait
+    for the previous block's stores.)
     """
     s = tl.program_id(0) // tl.cdiv(hidden, BLOCK_H)
     keys_ptr = ws_ptr + _KEYS * n
@@ -265,8 +281,9 @@ def _partials_kernel(
     key = tl.load(keys_ptr + s)
     run_start = tl.load(ws_ptr + _RUN_START * n + s)
     is_first = s == run_start
+    pos0 = tl.load(pos_ptr + s)
     if FEATURE_PATH:
-        chunk = tl.load(pos_ptr + s) // CHUNK_SIZE
+        chunk = pos0 // CHUNK_SIZE
         prev_chunk = tl.load(pos_ptr + s - 1, mask=s > run_start, other=-CHUNK_SIZE) // CHUNK_SIZE
         active = (key >= 0) & (is_first | (prev_chunk != chunk))
         k = tl.load(ws_ptr + _AUX * n + s)
@@ -276,15 +293,16 @@ def _partials_kernel(
             key_t = tl.load(keys_ptr + slot, mask=slot < n, other=-2)
             pos_t = tl.load(pos_ptr + slot, mask=slot < n, other=0)
             count += ((key_t == key) & (pos_t // CHUNK_SIZE == chunk)).to(tl.int32)
-        after = s + count
+        is_last = tl.load(keys_ptr + s + count, mask=s + count < n, other=-2) != key
         row = run_start + k
     else:
+        run_end = tl.load(ws_ptr + _RUN_END * n + s)
         chunk = 0
         active = (key >= 0) & ((s - run_start) % SPAN == 0)
         k = (s - run_start) // SPAN
-        after = s + SPAN  # the run ends in this partial iff slot s + NROWS holds another key
+        nrows = tl.minimum(run_end - s, SPAN)
+        is_last = run_end <= s + SPAN
         row = 2 * (s // SPAN) + is_first.to(tl.int32)
-    is_last = tl.load(keys_ptr + after, mask=after < n, other=-2) != key
     finish = active & is_first & is_last  # a run of one partial: add it to main_grad here
     in_long_run = active & ~(is_first & is_last)  # else: to the scratch buffer (embwgrad_core.partial_row)
     main_row = main_grad_ptr + key.to(tl.int64) * main_grad_stride
@@ -293,19 +311,32 @@ def _partials_kernel(
         cols = hb * BLOCK_H + tl.arange(0, BLOCK_H)
         # cols < (flag ? H : 0), not live_h & flag: the interpreter mistypes scalar & vector masks.
         old = tl.load(main_row + cols, mask=cols < tl.where(finish, hidden, 0), other=0.0).to(tl.float32)
-        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-        for t in tl.static_range(SPAN):
-            slot = s + t
-            key_t = tl.load(keys_ptr + slot, mask=slot < n, other=-2)
-            pos_t = tl.load(pos_ptr + slot, mask=slot < n, other=0)
-            mine = key_t == key
-            if FEATURE_PATH:
-                mine = mine & (pos_t // CHUNK_SIZE == chunk)
-            grad_row = (pos_t // grad_dim1).to(tl.int64) * grad_stride0 + (pos_t % grad_dim1).to(tl.int64) * grad_stride1
-            g = tl.load(grad_ptr + grad_row + cols * grad_stride_h, mask=cols < tl.where(mine, hidden, 0), other=0.0)
-            acc += g.to(tl.float32)  # acc is never -0, so adding +0 for a row not taken leaves it
+        if FEATURE_PATH:
+            acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+            for t in tl.static_range(SPAN):
+                slot = s + t
+                key_t = tl.load(keys_ptr + slot, mask=slot < n, other=-2)
+                pos_t = tl.load(pos_ptr + slot, mask=slot < n, other=0)
+                mine = (key_t == key) & (pos_t // CHUNK_SIZE == chunk)
+                grad_row = (pos_t // grad_dim1).to(tl.int64) * grad_stride0 + (pos_t % grad_dim1).to(tl.int64) * grad_stride1
+                g = tl.load(grad_ptr + grad_row + cols * grad_stride_h, mask=cols < tl.where(mine, hidden, 0), other=0.0)
+                acc += g.to(tl.float32)  # acc is never -0, so adding +0 for a row not taken leaves it
+            gw = _round(acc, GRAD_ROUNDING)
+        else:
+            grad_row = (pos0 // grad_dim1).to(tl.int64) * grad_stride0 + (pos0 % grad_dim1).to(tl.int64) * grad_stride1
+            g = tl.load(grad_ptr + grad_row + cols * grad_stride_h, mask=cols < hidden, other=0.0)
+            acc = tl.zeros([BLOCK_H], dtype=tl.float32) + g.to(tl.float32)  # 0 + row: -0 becomes +0, as in PyTorch
+            gw = acc  # one row: already a value of grad's dtype, so rounding would change nothing
+            if nrows > 1:
+                for t in tl.static_range(1, SPAN):
+                    take = t < nrows
+                    pos_t = tl.load(pos_ptr + s + t, mask=take, other=0)
+                    grad_row = (pos_t // grad_dim1).to(tl.int64) * grad_stride0 + (pos_t % grad_dim1).to(tl.int64) * grad_stride1
+                    g = tl.load(grad_ptr + grad_row + cols * grad_stride_h, mask=cols < tl.where(take, hidden, 0), other=0.0)
+                    acc += g.to(tl.float32)  # acc is never -0, so adding +0 for a row not taken leaves it
+                gw = _round(acc, GRAD_ROUNDING)
         # A run of one partial: +0 + s (sort path) and +0 + round(s) (feature path) both round to round(s).
-        new = _round(old + _round(acc, GRAD_ROUNDING), MAIN_ROUNDING)
+        new = _round(old + gw, MAIN_ROUNDING)
         tl.store(main_row + cols, new.to(main_grad_ptr.dtype.element_ty), mask=cols < tl.where(finish, hidden, 0))
         tl.store(partials_ptr + row.to(tl.int64) * hidden + cols, acc, mask=cols < tl.where(in_long_run, hidden, 0))
     if in_long_run & is_last & (my_hb == 0):
@@ -340,17 +371,18 @@ def _long_runs_kernel(
         # BATCH partials' loads are in flight at once; the adds stay one at a time, in order.
         for k0 in range(0, num_partials, BATCH):
             for u in tl.static_range(BATCH):
-                k = k0 + u
+                # Past the run's last partial, load that one again (always an address, no
+                # predicate, so all BATCH loads issue before the first add) and drop it.
+                k = tl.minimum(k0 + u, num_partials - 1)
                 if FEATURE_PATH:
                     row = run_start + k
                 else:
                     row = 2 * ((run_start + SPAN * k) // SPAN) + (k == 0)
-                take = cols < tl.where(k < num_partials, hidden, 0)
-                part = tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=take, other=0.0)
+                part = tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0.0)
                 if FEATURE_PATH:
-                    acc = tl.where(take, _round(acc + _round(part, GRAD_ROUNDING), GRAD_ROUNDING), acc)
+                    acc = tl.where(k0 + u < num_partials, _round(acc + _round(part, GRAD_ROUNDING), GRAD_ROUNDING), acc)
                 else:
-                    acc = tl.where(take, acc + part, acc)
+                    acc = tl.where(k0 + u < num_partials, acc + part, acc)
         if not FEATURE_PATH:
             acc = _round(acc, GRAD_ROUNDING)
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
@@ -376,9 +408,11 @@ class _Config:
     runs_block: int
     block_h: int  # _partials_kernel columns per program
     partial_warps: int
+    partial_maxnreg: int | None  # ptxas register cap of _partials_kernel (None: the compiler's choice)
     long_block_h: int
     long_programs: int
     long_batch: int  # partials loaded at once by _long_runs_kernel
+    long_warps: int
     max_long_runs: int
 
 
@@ -389,27 +423,33 @@ def _config(problem: Problem, path: str, interpret: bool) -> _Config:
     feature = path == FEATURE
     block_h = min(1024, triton.next_power_of_2(hidden))
     long_block_h = min(256, block_h)
+    long_hb = triton.cdiv(hidden, long_block_h)
     max_long_runs = max(1, n // 2 if feature else n // (NROWS + 1))
     block_i, block_j = INTERPRET_RANK_TILES if interpret else RANK_TILES
     mblock = merge_block(n)
     mblocks = triton.next_power_of_2(triton.cdiv(n, mblock))
+    tiles = merge_tiles(mblock)
     return _Config(
         path=path,
         sort="rank" if feature else "merge" if n <= MERGE_SORT_MAX_TOKENS else "torch",
         merge_block=mblock,
-        merge_block_i=mblock if interpret else 64,
-        merge_tile=mblock if interpret else 32,
+        merge_block_i=mblock if interpret else tiles.block_i,
+        merge_tile=mblock if interpret else tiles.tile,
         merge_blocks=mblocks,
-        merge_u=max(1, (8192 if interpret else 1024) // mblocks),
+        merge_u=max(1, (8192 if interpret else tiles.lanes) // mblocks),
         merge_warps=4,
         block_i=block_i,
         block_j=block_j,
         runs_block=1024,
         block_h=block_h,
         partial_warps=1,
+        partial_maxnreg=None,
         long_block_h=long_block_h,
-        long_programs=max(1, min(max_long_runs, 4096 // triton.cdiv(hidden, long_block_h))),
-        long_batch=8,
+        # Programs along the run list: an empty list costs ~1 us less at 64 than at 146, and a
+        # long list (large n) wants more programs, each folding fewer runs one after another.
+        long_programs=max(1, min(max_long_runs, max(64, min(4096 // long_hb, n // 128)))),
+        long_batch=16,
+        long_warps=4,
         max_long_runs=max_long_runs,
     )
 
@@ -431,10 +471,11 @@ class _Launcher:
         self.recorded = []
         self.stream = None if replay is None else torch.cuda.current_stream().cuda_stream
 
-    def __call__(self, kernel, grid, args, num_warps, **constexprs):
+    def __call__(self, kernel, grid, args, num_warps, maxnreg=None, **constexprs):
         grid = tuple(grid) + (1,) * (3 - len(grid))
         if self.replay is None:
-            self.recorded.append(kernel[grid](*args, num_warps=num_warps, **constexprs))
+            options = {"num_warps": num_warps} if maxnreg is None else {"num_warps": num_warps, "maxnreg": maxnreg}
+            self.recorded.append(kernel[grid](*args, **options, **constexprs))
             return
         compiled = self.replay[len(self.recorded)]
         self.recorded.append(compiled)
@@ -467,7 +508,9 @@ def _call_key(ids, grad, main_grad, problem: Problem, path: str):
 def _position_strides(grad: torch.Tensor):
     """(dim1, stride0, stride1) with position p's row at (p // dim1) * stride0 + (p % dim1) * stride1.
 
-    None when grad's leading dimensions do not collapse to two strided dimensions.
+    None when grad's leading dimensions do not collapse to two strided dimensions. One
+    dimension (a contiguous grad, say) gives dim1 = 1, which Triton specialises: the kernel's
+    division and remainder by dim1 then compile away.
     """
     dims = [(size, stride) for size, stride in zip(grad.shape[:-1], grad.stride()[:-1]) if size != 1]
     merged = []
@@ -479,9 +522,9 @@ def _position_strides(grad: torch.Tensor):
     if len(merged) > 2:
         return None
     if len(merged) < 2:
-        merged = [(1, 0)] * (2 - len(merged)) + merged
+        return 1, (merged[0][1] if merged else 0), 0
     (_, stride0), (dim1, stride1) = merged
-    return max(dim1, 1), stride0, stride1
+    return dim1, stride0, stride1
 
 
 @dataclass(frozen=True)
@@ -499,6 +542,7 @@ class _Plan:
     sorted_pos = property(lambda self: self._array(1))
     run_start = property(lambda self: self._array(2))
     partial_ord = property(lambda self: self._array(3))
+    run_end = property(lambda self: self._array(5))
     long_count = property(lambda self: self.workspace[_WORKSPACE_ARRAYS * self.n])
     long_runs = property(lambda self: self.workspace[_WORKSPACE_ARRAYS * self.n + 1 :])
 
@@ -559,6 +603,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         (n * triton.cdiv(hidden, cfg.block_h),),
         (plan.workspace, grad, main_grad, partials, n, hidden, *strides, grad.stride(-1), main_grad.stride(0)),
         cfg.partial_warps,
+        maxnreg=cfg.partial_maxnreg,
         FEATURE_PATH=cfg.path == FEATURE,
         SPAN=CHUNK if cfg.path == FEATURE else NROWS,
         CHUNK_SIZE=CHUNK,
@@ -576,7 +621,7 @@ def _long_runs_stage(plan: _Plan, partials, main_grad, problem: Problem, cfg: _C
         _long_runs_kernel,
         (cfg.long_programs, triton.cdiv(problem.hidden, cfg.long_block_h)),
         (plan.workspace, partials, main_grad, problem.num_tokens, problem.hidden, main_grad.stride(0)),
-        4,
+        cfg.long_warps,
         FEATURE_PATH=cfg.path == FEATURE,
         SPAN=CHUNK if cfg.path == FEATURE else NROWS,
         GRAD_ROUNDING=ROUNDING_CODE[problem.grad_dtype],

@@ -1,0 +1,39 @@
+"""A target for Nsight Compute: one recorded call of the torch frontend per point, plus the plain
+streaming kernel of probe_torch at the same bytes, between cudaProfilerStart/Stop.
+
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight ... \
+        python benchmarks/ncu_target.py [n:dist ...]
+"""
+
+import sys
+
+import torch
+import triton
+from common import ids_for
+from probe_torch import _stream_kernel
+
+import torch_frontend
+from tests.cases import REAL_H, REAL_V
+
+
+def main(argv):
+    points = [a.split(":") for a in argv] or [("8192", "uniform"), ("8192", "zipf"), ("4096", "uniform")]
+    main_grad = torch.randn(REAL_V, REAL_H, device="cuda")
+    for n, dist in points:
+        n = int(n)
+        grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
+        ids = torch.from_numpy(ids_for(dist, n, REAL_V)).cuda()
+        for _ in range(2):  # the first call compiles and records, the second replays
+            torch_frontend.accumulate(ids, grad, main_grad)
+        _stream_kernel[(n * triton.cdiv(REAL_H, 1024),)](ids, grad, main_grad, n, REAL_H, BLOCK_H=1024, SLOT_MAJOR=True, num_warps=1)
+        torch.cuda.synchronize()
+        print(f"profiling n={n} {dist}", flush=True)
+        torch.cuda.profiler.start()
+        torch_frontend.accumulate(ids, grad, main_grad)
+        _stream_kernel[(n * triton.cdiv(REAL_H, 1024),)](ids, grad, main_grad, n, REAL_H, BLOCK_H=1024, SLOT_MAJOR=True, num_warps=1)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
