@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import jax_frontend
-from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
+from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, MERGE_MAX_BLOCKS, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
 from embwgrad_core.dtypes import numpy_dtype
 from jax_frontend import embedding_wgrad as ew
 from tests.cases import Case, assert_bits_equal, cpu_cases, gpu_cases, runs_ids, zipf_ids

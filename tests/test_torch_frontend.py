@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 import torch_frontend
 from embwgrad_core import CHUNK, FEATURE, SORT, make_plan, reference, torch_path
-from embwgrad_core.dtypes import numpy_dtype
 from tests.cases import Case, assert_bits_equal, core_checked_on_gpu, cpu_cases, gpu_cases, runs_ids
 from torch_frontend import embedding_wgrad as ew
 
@@ -90,7 +89,7 @@ STAGE_ROUTES = {
     "merge-gpu": (SORT, "gpu"),
     "torch.sort": (SORT, dict(sort="torch")),
     "rank-small": (FEATURE, dict(block_i=2 * CHUNK, block_j=CHUNK, block_h=8)),
-    "merge-small-h-blocks": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=16, merge_u=8, block_h=8)),
+    "merge-small-h-blocks": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, block_h=8)),
     "rank-gpu": (FEATURE, dict(zip(("block_i", "block_j"), ew.RANK_TILES))),
 }
 
@@ -99,7 +98,7 @@ STAGE_ROUTES = {
 @pytest.mark.parametrize("route", STAGE_ROUTES)
 def test_stages_match_core_plan(route):
     path, changes = STAGE_ROUTES[route]
-    lengths = (1, 9, 10, 11, 20, 21, 33, 45) + (1,) * 60  # ~210 tokens
+    lengths = (1, 9, 10, 11, 20, 21, 33, 45, 95) + (1,) * 60  # ~300 tokens; 95: a fold of 10 partials
     if route == "merge-gpu":
         lengths += (3,) * 120  # ~570 tokens: three blocks of the GPU's merge_block
     case = Case("stages", runs_ids(lengths, 1000, seed=3), 24, 1000, path=path, padding_idx=None)
@@ -127,6 +126,7 @@ def test_stages_match_core_plan(route):
     assert listed == {tuple(p) for p in plan.long_runs.tolist()}
     sums = reference.partial_sums(plan, grad.reshape(ids.size, -1))
     long = np.isin(plan.partial_run, np.flatnonzero(plan.run_partials > 1))
+    assert long.any()
     assert_bits_equal(to_numpy(partials)[plan.partial_rows[long]], sums[long], "partial sums")
 
     ew._long_runs_stage(device_plan, partials, out, problem, cfg)
