@@ -1,33 +1,18 @@
-"""Where the JAX frontend's time goes (for benchmarks/NOTES.md): whole calls with each sort and
-partials setting, and the merge-rank sort alone. Medians of chains of donated calls.
+"""Where the JAX frontend's time goes (for benchmarks/NOTES.md): whole calls with each partials,
+long-run and merge setting. Medians of chains of donated calls (bench_jax.chain_ms).
 
     python benchmarks/probe_jax.py
 """
 
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
+from bench_jax import chain_ms
 from common import ids_for
 
 from jax_frontend import embedding_wgrad as ew
 from tests.cases import REAL_H, REAL_V
-
-
-def chain_ms(step, state, reps=20, repeats=7):
-    state = step(state)
-    jax.block_until_ready(state)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(reps):
-            state = step(state)
-        jax.block_until_ready(state)
-        times.append((time.perf_counter() - t) * 1e3 / reps)
-    return statistics.median(times), state
-
 
 POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform")]
 VARIANTS = (

@@ -6,12 +6,13 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
 1. Sort the tokens by key, stably. Pallas has no sort inside a kernel. Sort path, up to
    JAX_MERGE_MAX_TOKENS: ``_block_sort_kernel`` sorts blocks of merge_block(n) tokens by
    counting, then ``_merge_rank_kernel`` ranks every token in each other block by binary
-   search and writes the sorted keys, positions and run starts (embwgrad_core.merge_ranks is
+   search and writes the sorted keys, positions, run starts and run ends (embwgrad_core.merge_ranks is
    the model; about 10 us for 8192 tokens for the torch twin, against about 50 us for XLA's
    sort). Above it ``lax.sort`` (see ``_sort``), where XLA uses CUB's radix sort and the grad
    bytes dwarf it. Feature path: ``_rank_kernel`` ranks each token by counting the tokens
    that sort before it, which also gives every token its chunk's ordinal within its run.
-2. (lax.sort and the feature path) ``_runs_kernel`` finds every slot's run start by binary search.
+2. (lax.sort and the feature path) ``_runs_kernel`` finds every slot's run start and end by
+   binary search.
 3. ``_partials_kernel``: one program per (slot, H block) that starts a partial sums the
    partial's rows in fp32, in order. A run of one partial is finished there (rounded and
    added into main_grad); a longer run's partials go to a scratch buffer at
@@ -175,7 +176,7 @@ def _merge_rank_kernel(
     block_u: int,  # block-sorted tokens per program
     unroll: bool,  # the steps unrolled (as the torch twin), else a loop
 ):
-    """Sort path, step 2: every token's slot and run start from binary searches in every block.
+    """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
 
     Blocks before the token's own add their keys <= its key, blocks after their keys < it,
     its own block its local rank; the run starts after all keys < it and ends after all keys

@@ -5,11 +5,12 @@ Design (SPEC.md; embwgrad_core.plan names the pieces). Four launches, no host sy
 1. Sort the tokens by key, stably. Sort path, up to MERGE_SORT_MAX_TOKENS:
    ``_block_sort_kernel`` sorts blocks of merge_block(n) tokens by counting, then
    ``_merge_rank_kernel`` ranks every token in each other block by binary search and writes
-   the sorted keys, positions and run starts (embwgrad_core.merge_ranks is the model): 13 us
+   the sorted keys, positions, run starts and run ends (embwgrad_core.merge_ranks is the model): 13 us
    for 8192 tokens on the H200, against 71 us for torch.sort's route. Above it, torch.sort.
    Feature path (n <= 3072): ``_rank_kernel`` ranks each token by counting the tokens that
    sort before it, which also gives every token its chunk's ordinal within its run.
-2. (torch.sort and the feature path) ``_runs_kernel`` finds every slot's run start by binary search.
+2. (torch.sort and the feature path) ``_runs_kernel`` finds every slot's run start and end by
+   binary search.
 3. ``_partials_kernel``: one program per (slot, H block) that starts a partial sums the
    partial's rows in fp32, in order. A run of one partial is finished there (rounded and
    added into main_grad); a longer run's partials go to a scratch buffer, and its last
@@ -86,6 +87,12 @@ def _add_to_row(row_ptr, cols, mask, gw, ROUNDING: tl.constexpr):
 
 
 @triton.jit
+def _grad_row(pos, grad_dim1, grad_stride0, grad_stride1):
+    """Offset of position pos's grad row: (pos // grad_dim1) * grad_stride0 + (pos % grad_dim1) * grad_stride1."""
+    return (pos // grad_dim1).to(tl.int64) * grad_stride0 + (pos % grad_dim1).to(tl.int64) * grad_stride1
+
+
+@triton.jit
 def _load_keys(ids_ptr, idx, mask, num_embeddings, padding_idx):
     """int32 keys of ids[idx]: the id, or -1 for a token that adds nothing; INT32_MAX where not mask."""
     ids = tl.load(ids_ptr + idx, mask=mask, other=-1)
@@ -129,7 +136,7 @@ def _merge_rank_kernel(
     STEPS: tl.constexpr,  # binary-search steps: log2(BLOCK) + 1
     BLOCK_U: tl.constexpr,  # block-sorted tokens per program
 ):
-    """Sort path, step 2: every token's slot and run start from binary searches in every block.
+    """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
 
     Blocks before the token's own add their keys <= its key, blocks after their keys < it,
     its own block its local rank; the run starts after all keys < it and ends after all keys
@@ -275,7 +282,8 @@ def _partials_kernel(
     (One program per slot looping over the H blocks measured 1.5x slower: its row loads wait
     for the previous block's stores.)
     """
-    s = tl.program_id(0) // tl.cdiv(hidden, BLOCK_H)
+    num_hb = tl.cdiv(hidden, BLOCK_H)
+    s = tl.program_id(0) // num_hb
     keys_ptr = ws_ptr + _KEYS * n
     pos_ptr = ws_ptr + _POS * n
     key = tl.load(keys_ptr + s)
@@ -306,7 +314,7 @@ def _partials_kernel(
     finish = active & is_first & is_last  # a run of one partial: add it to main_grad here
     in_long_run = active & ~(is_first & is_last)  # else: to the scratch buffer (embwgrad_core.partial_row)
     main_row = main_grad_ptr + key.to(tl.int64) * main_grad_stride
-    my_hb = tl.program_id(0) % tl.cdiv(hidden, BLOCK_H)
+    my_hb = tl.program_id(0) % num_hb
     for hb in range(my_hb, my_hb + active.to(tl.int32)):  # once, or not at all
         cols = hb * BLOCK_H + tl.arange(0, BLOCK_H)
         # cols < (flag ? H : 0), not live_h & flag: the interpreter mistypes scalar & vector masks.
@@ -318,12 +326,12 @@ def _partials_kernel(
                 key_t = tl.load(keys_ptr + slot, mask=slot < n, other=-2)
                 pos_t = tl.load(pos_ptr + slot, mask=slot < n, other=0)
                 mine = (key_t == key) & (pos_t // CHUNK_SIZE == chunk)
-                grad_row = (pos_t // grad_dim1).to(tl.int64) * grad_stride0 + (pos_t % grad_dim1).to(tl.int64) * grad_stride1
+                grad_row = _grad_row(pos_t, grad_dim1, grad_stride0, grad_stride1)
                 g = tl.load(grad_ptr + grad_row + cols * grad_stride_h, mask=cols < tl.where(mine, hidden, 0), other=0.0)
                 acc += g.to(tl.float32)  # acc is never -0, so adding +0 for a row not taken leaves it
             gw = _round(acc, GRAD_ROUNDING)
         else:
-            grad_row = (pos0 // grad_dim1).to(tl.int64) * grad_stride0 + (pos0 % grad_dim1).to(tl.int64) * grad_stride1
+            grad_row = _grad_row(pos0, grad_dim1, grad_stride0, grad_stride1)
             g = tl.load(grad_ptr + grad_row + cols * grad_stride_h, mask=cols < hidden, other=0.0)
             acc = tl.zeros([BLOCK_H], dtype=tl.float32) + g.to(tl.float32)  # 0 + row: -0 becomes +0, as in PyTorch
             gw = acc  # one row: already a value of grad's dtype, so rounding would change nothing
@@ -331,7 +339,7 @@ def _partials_kernel(
                 for t in tl.static_range(1, SPAN):
                     take = t < nrows
                     pos_t = tl.load(pos_ptr + s + t, mask=take, other=0)
-                    grad_row = (pos_t // grad_dim1).to(tl.int64) * grad_stride0 + (pos_t % grad_dim1).to(tl.int64) * grad_stride1
+                    grad_row = _grad_row(pos_t, grad_dim1, grad_stride0, grad_stride1)
                     g = tl.load(grad_ptr + grad_row + cols * grad_stride_h, mask=cols < tl.where(take, hidden, 0), other=0.0)
                     acc += g.to(tl.float32)  # acc is never -0, so adding +0 for a row not taken leaves it
                 gw = _round(acc, GRAD_ROUNDING)
@@ -538,17 +546,17 @@ class _Plan:
         return self.workspace[index * self.n : (index + 1) * self.n]
 
     # Views for tests and benchmarks; the kernels take the workspace.
-    sorted_keys = property(lambda self: self._array(0))
-    sorted_pos = property(lambda self: self._array(1))
-    run_start = property(lambda self: self._array(2))
-    partial_ord = property(lambda self: self._array(3))
-    run_end = property(lambda self: self._array(5))
+    sorted_keys = property(lambda self: self._array(_KEYS.value))
+    sorted_pos = property(lambda self: self._array(_POS.value))
+    run_start = property(lambda self: self._array(_RUN_START.value))
+    partial_ord = property(lambda self: self._array(_AUX.value))
+    run_end = property(lambda self: self._array(_RUN_END.value))
     long_count = property(lambda self: self.workspace[_WORKSPACE_ARRAYS * self.n])
     long_runs = property(lambda self: self.workspace[_WORKSPACE_ARRAYS * self.n + 1 :])
 
 
 def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
-    """Stages 1 and 2: sort the tokens by key and find every slot's run start."""
+    """Stages 1 and 2: sort the tokens by key and find every slot's run start and end."""
     launch = launch or _Launcher()
     n = problem.num_tokens
     ws = torch.empty(_WORKSPACE_ARRAYS * n + 1 + 2 * cfg.max_long_runs, dtype=torch.int32, device=ids.device)
