@@ -34,6 +34,13 @@ MERGE_MAX_BLOCKS = 64
 #: Fewest tokens in one merge-rank block.
 MERGE_MIN_BLOCK = 256
 
+#: Partials-kernel programs per SM on the sort path, in both frontends: each strides the
+#: partials' records (one per partial), so no program is spent on a slot that starts none.
+#: Eight times the 16 one-warp programs that fit on an SM at once, so that the last ones end
+#: together: 32 or 64 per SM measured slower for uniform ids, one program per (slot, H block)
+#: far slower for repeated ids (benchmarks/NOTES.md, v4). An implementation choice, not arithmetic.
+PARTIAL_PROGRAMS_PER_SM = 128
+
 #: Path names, as :func:`embwgrad_core.plan.torch_path` returns them.
 FEATURE = "feature"
 SORT = "sort"

@@ -61,6 +61,7 @@ from embwgrad_core import (
     FEATURE,
     MERGE_SORT_MAX_TOKENS,
     NROWS,
+    PARTIAL_PROGRAMS_PER_SM,
     SORT,
     key_packing,
     merge_block,
@@ -124,12 +125,29 @@ def _load_keys(ids_ref, start, size: int, *, n: int, num_embeddings: int, paddin
     return pos, _keys(ids, num_embeddings, padding_idx)
 
 
+#: Fields of a record (flat int32 array of REC_FIELDS per partial): slot, key, position, run
+#: start, run end, three unused (a record fills one 32-byte sector).
+REC_FIELDS = 8
+
+
+def _append_records(records_ref, record_count_ref, slot, key, pos, run_start, run_end, live, *, n: int):
+    """Sort path: append a record for each of these slots that starts a partial (one atomic), in no order."""
+    starts = live & (key >= 0) & ((slot - run_start) % NROWS == 0)
+    flags = starts.astype(jnp.int32)
+    base = plgpu.atomic_add(record_count_ref, jnp.int32(0), jnp.sum(flags, dtype=jnp.int32))
+    # Lanes that append nothing scatter past the end (see _rank_kernel).
+    index = jnp.where(starts, base + jnp.cumsum(flags) - flags, n + lax.iota(jnp.int32, flags.shape[0]))
+    for field, value in enumerate((slot, key, pos, run_start, run_end)):
+        plgpu.store(records_ref.at[index * REC_FIELDS + field], value, mask=starts)
+
+
 def _block_sort_kernel(
     # Inputs
     ids_ref,  # int32/int64 [n]: token ids in position order
     # Outputs
     block_keys_ref,  # int32 [n]: every block's keys in sorted order, at the block's offset
     block_pos_ref,  # int32 [n]: their positions
+    record_count_ref,  # int32 [1]: the record counter, zeroed here
     *,
     n: int,
     num_embeddings: int,  # V
@@ -143,6 +161,11 @@ def _block_sort_kernel(
     b0 = pl.program_id(0) * block
     i, key_i = load(b0 + pl.program_id(1) * block_i, block_i)
     live = i < n
+    first = (pl.program_id(0) == 0) & (pl.program_id(1) == 0)  # read here: interpret mode has no program ids inside pl.when
+
+    @pl.when(first)
+    def _():
+        record_count_ref[0] = jnp.int32(0)
 
     def compare(step, before):  # a token sorts before i: a smaller key, or an equal key at an earlier position
         j, key_j = load(b0 + step * tile, tile)
@@ -162,12 +185,15 @@ def _merge_rank_kernel(
     # Inputs
     block_keys_ref,  # int32 [n]: every block's keys in sorted order (_block_sort_kernel)
     block_pos_ref,  # int32 [n]: their positions
+    record_count_in_ref,  # int32 [1]: aliased to record_count_ref, never read
     # Outputs
     sorted_keys_ref,  # int32 [n]: keys in sorted order
     sorted_pos_ref,  # int32 [n]: positions in sorted order
     run_start_ref,  # int32 [n]: first slot of each slot's run
     run_end_ref,  # int32 [n]: one past the last slot of each slot's run
     long_count_ref,  # int32 [1]: the long-run counter, zeroed here
+    records_ref,  # int32 [n * REC_FIELDS]: a record per partial (_append_records)
+    record_count_ref,  # int32 [1]: records appended (zeroed by _block_sort_kernel)
     *,
     n: int,
     block: int,  # tokens per block of _block_sort_kernel
@@ -182,6 +208,7 @@ def _merge_rank_kernel(
     its own block its local rank; the run starts after all keys < it and ends after all keys
     <= it (plan.merge_ranks).
     """
+    del record_count_in_ref
     u0 = pl.program_id(0) * block_u
     u = u0 + lax.iota(jnp.int32, block_u)
     live = u < n
@@ -221,8 +248,10 @@ def _merge_rank_kernel(
     plgpu.store(sorted_pos_ref.at[slot], pos, mask=live)
     plgpu.store(run_start_ref.at[slot], run_start, mask=live)
     plgpu.store(run_end_ref.at[slot], run_end, mask=live)
+    first = pl.program_id(0) == 0
+    _append_records(records_ref, record_count_ref, slot, key, pos, run_start, run_end, live, n=n)
 
-    @pl.when(pl.program_id(0) == 0)
+    @pl.when(first)
     def _():
         long_count_ref[0] = jnp.int32(0)
 
@@ -286,14 +315,21 @@ def _rank_kernel(
 def _runs_kernel(
     # Inputs
     sorted_keys_ref,  # int32 [n]: keys in sorted order
+    sorted_pos_ref,  # int32 [n]: positions in sorted order (read on the sort path)
+    record_count_in_ref,  # int32 [1]: zero, aliased to record_count_ref, never read
     # Outputs
     run_start_ref,  # int32 [n]: first slot of each slot's run
     run_end_ref,  # int32 [n]: one past the last slot of each slot's run
     long_count_ref,  # int32 [1]: the long-run counter, zeroed here
+    records_ref,  # int32 [n * REC_FIELDS]: sort path, a record per partial (_append_records); feature path, unused
+    record_count_ref,  # int32 [1]: records appended
     *,
     n: int,
     block: int,  # slots per program
+    records: bool,  # sort path: append the records
 ):
+    del record_count_in_ref
+    first = pl.program_id(0) == 0
     s0 = pl.program_id(0) * block
     s = s0 + lax.iota(jnp.int32, block)
     live = s < n
@@ -317,8 +353,11 @@ def _runs_kernel(
     lo, _, lo_end, _ = lax.fori_loop(0, n.bit_length(), halve, (zero, s, s + 1, zero + n))
     plgpu.store(run_start_ref.at[pl.ds(s0, block)], lo, mask=live)
     plgpu.store(run_end_ref.at[pl.ds(s0, block)], lo_end, mask=live)
+    if records:
+        pos = plgpu.load(sorted_pos_ref.at[pl.ds(s0, block)], mask=live, other=0)
+        _append_records(records_ref, record_count_ref, s, key, pos, lo, lo_end, live, n=n)
 
-    @pl.when(pl.program_id(0) == 0)
+    @pl.when(first)
     def _():
         long_count_ref[0] = jnp.int32(0)
 
@@ -329,7 +368,8 @@ def _partials_kernel(
     sorted_keys_ref,  # int32 [n]: keys in sorted order
     sorted_pos_ref,  # int32 [n]: positions in sorted order
     run_start_ref,  # int32 [n]: first slot of each slot's run
-    run_end_ref,  # int32 [n]: one past the last slot of each slot's run
+    records_ref,  # int32 [n * REC_FIELDS]: sort path, a record per partial (_append_records); feature path, unused
+    record_count_ref,  # int32 [1]: sort path, records appended; feature path, unused
     grad_ref,  # [n, H] bf16/fp16/fp32: position p's row is row p
     main_grad_in_ref,  # [V, H]: aliased to main_grad_ref, never read (stale in interpret mode)
     long_count_in_ref,  # int32 [1]: aliased to long_count_ref, never read
@@ -345,113 +385,128 @@ def _partials_kernel(
     grad_dtype: str,
     main_grad_dtype: str,
     block_h: int,
-    slot_major: bool,  # program p is (slot p // H blocks, block p % H blocks), else (p % n, p // n)
     unroll: bool,  # the rows unrolled, their indices loaded first (as the torch twin), else a loop
 ):
-    """One program per (slot, H block) that starts a partial: its rows summed in order.
+    """Every partial's rows summed in order, over one H block per item (partial, H block).
 
-    Sort path (as the torch twin): one round trip loads the slot's key, run start, run end and
-    position; slots that start no partial stop there. A partial of one row loads it with the
-    main_grad row and is done; longer partials load their other positions, then the rows.
-    Feature path: the next CHUNK slots' keys and positions come in the first round trip.
+    Sort path (as the torch twin): the programs stride the records, one round trip each (slot,
+    key, position, run start, run end), so no program is spent on a slot that starts no
+    partial. A partial of one row loads it with the main_grad row and is done; longer partials
+    load their other positions, then the rows.
+    Feature path: one program per (slot, H block); the next CHUNK slots' keys and positions
+    come in the first round trip, and slots that start no partial stop there.
     """
     del main_grad_in_ref, long_count_in_ref
     feature = path == FEATURE
     span = CHUNK if feature else NROWS  # most slots in a partial
     num_hb = pl.cdiv(hidden, block_h)
     p = pl.program_id(0)  # read here: interpret mode has no program ids inside pl.when
-    s, hb = (p // num_hb, p % num_hb) if slot_major else (p % n, p // n)
-    cols = hb * block_h + lax.iota(jnp.int32, block_h)
-    live_h = cols < hidden
-    row_block = pl.ds(hb * block_h, block_h)
+    programs = pl.num_programs(0)
 
-    def slot_indices(t):  # key and position of slot s + t; -2 and 0 past n
-        slot = s + t
-        key_t = plgpu.load(sorted_keys_ref.at[slot], mask=slot < n, other=-2)
-        return key_t, plgpu.load(sorted_pos_ref.at[slot], mask=slot < n, other=0)
+    def item(s, hb, key, pos0, run_start, run_end):
+        """The partial that starts at slot s (if it starts one), over H block hb."""
+        cols = hb * block_h + lax.iota(jnp.int32, block_h)
+        live_h = cols < hidden
+        row_block = pl.ds(hb * block_h, block_h)
+        is_first = s == run_start
 
-    key = sorted_keys_ref[s]
-    run_start = run_start_ref[s]
-    pos0 = sorted_pos_ref[s]
-    is_first = s == run_start
-    if feature:
-        spanned = [slot_indices(t) for t in range(span)] if unroll else None
-        chunk = pos0 // CHUNK
-        prev_chunk = plgpu.load(sorted_pos_ref.at[s - 1], mask=s > run_start, other=-CHUNK) // CHUNK
-        k = partial_ord_ref[s]
-        active = (key >= 0) & (is_first | (prev_chunk != chunk))
-    else:
-        run_end = run_end_ref[s]
-        k = (s - run_start) // NROWS
-        active = (key >= 0) & ((s - run_start) % NROWS == 0)
-        nrows = jnp.minimum(run_end - s, NROWS)
-        is_last = run_end <= s + NROWS
+        def slot_indices(t):  # key and position of slot s + t; -2 and 0 past n
+            slot = s + t
+            key_t = plgpu.load(sorted_keys_ref.at[slot], mask=slot < n, other=-2)
+            return key_t, plgpu.load(sorted_pos_ref.at[slot], mask=slot < n, other=0)
 
-    def load_old(finish):  # the main_grad row of a run of one partial, before its grad rows, to overlap them
-        return plgpu.load(main_grad_ref.at[key, row_block], mask=live_h & finish, other=0).astype(jnp.float32)
+        if feature:
+            spanned = [slot_indices(t) for t in range(span)] if unroll else None
+            chunk = pos0 // CHUNK
+            prev_chunk = plgpu.load(sorted_pos_ref.at[s - 1], mask=s > run_start, other=-CHUNK) // CHUNK
+            k = partial_ord_ref[s]
+            active = (key >= 0) & (is_first | (prev_chunk != chunk))
+        else:
+            k = (s - run_start) // NROWS
+            active = (key >= 0) & ((s - run_start) % NROWS == 0)  # always, for a record
+            nrows = jnp.minimum(run_end - s, NROWS)
+            is_last = run_end <= s + NROWS
 
-    def write(acc, gw, old, finish, last):
-        """A run of one partial: round(old + gw) into main_grad; else acc to the scratch buffer and, if last, the run to the list."""
-        new = _round(old + gw, main_grad_dtype)
-        plgpu.store(main_grad_ref.at[key, row_block], new.astype(main_grad_ref.dtype), mask=live_h & finish)
-        row = partial_row(run_start, k, path).astype(jnp.int32)  # embwgrad_core.partial_row
-        plgpu.store(partials_ref.at[row, row_block], acc, mask=live_h & ~finish)
+        def load_old(finish):  # the main_grad row of a run of one partial, before its grad rows, to overlap them
+            return plgpu.load(main_grad_ref.at[key, row_block], mask=live_h & finish, other=0).astype(jnp.float32)
 
-        @pl.when(~finish & last & (hb == 0))
-        def _():
-            entry = plgpu.atomic_add(long_count_ref, jnp.int32(0), jnp.int32(1))
-            long_runs_ref[entry, 0] = run_start
-            long_runs_ref[entry, 1] = k + 1
+        def write(acc, gw, old, finish, last):
+            """A run of one partial: round(old + gw) into main_grad; else acc to the scratch buffer and, if last, the run to the list."""
+            new = _round(old + gw, main_grad_dtype)
+            plgpu.store(main_grad_ref.at[key, row_block], new.astype(main_grad_ref.dtype), mask=live_h & finish)
+            row = partial_row(run_start, k, path).astype(jnp.int32)  # embwgrad_core.partial_row
+            plgpu.store(partials_ref.at[row, row_block], acc, mask=live_h & ~finish)
 
-    def add_row(pos_t, take, acc):  # acc after the row at position pos_t, if take
-        g = plgpu.load(grad_ref.at[pos_t, row_block], mask=live_h & take, other=0)
-        return acc + g.astype(jnp.float32)  # acc is never -0, so adding +0 for a row not taken leaves it
+            @pl.when(~finish & last & (hb == 0))
+            def _():
+                entry = plgpu.atomic_add(long_count_ref, jnp.int32(0), jnp.int32(1))
+                long_runs_ref[entry, 0] = run_start
+                long_runs_ref[entry, 1] = k + 1
 
-    if feature:
+        def add_row(pos_t, take, acc):  # acc after the row at position pos_t, if take
+            g = plgpu.load(grad_ref.at[pos_t, row_block], mask=live_h & take, other=0)
+            return acc + g.astype(jnp.float32)  # acc is never -0, so adding +0 for a row not taken leaves it
 
-        @pl.when(active)
-        def _():
-            def add_slot(key_t, pos_t, sums):  # (acc, count) after slot s + t, rows in slot order
+        if feature:
+
+            @pl.when(active)
+            def _():
+                def add_slot(key_t, pos_t, sums):  # (acc, count) after slot s + t, rows in slot order
+                    acc, count = sums
+                    mine = (key_t == key) & (pos_t // CHUNK == chunk)
+                    return add_row(pos_t, mine, acc), count + mine.astype(jnp.int32)
+
+                sums = (jnp.zeros((block_h,), jnp.float32), jnp.int32(0))
+                if unroll:
+                    for key_t, pos_t in spanned:
+                        sums = add_slot(key_t, pos_t, sums)
+                else:
+                    sums = lax.fori_loop(0, span, lambda t, sums: add_slot(*slot_indices(t), sums), sums)
                 acc, count = sums
-                mine = (key_t == key) & (pos_t // CHUNK == chunk)
-                return add_row(pos_t, mine, acc), count + mine.astype(jnp.int32)
+                after = s + count  # the chunk's last slot is known only now
+                last = plgpu.load(sorted_keys_ref.at[after], mask=after < n, other=-2) != key
+                # A run of one partial: +0 + round(s) rounds to round(s).
+                write(acc, _round(acc, grad_dtype), load_old(is_first & last), is_first & last, last)
 
-            sums = (jnp.zeros((block_h,), jnp.float32), jnp.int32(0))
-            if unroll:
-                for key_t, pos_t in spanned:
-                    sums = add_slot(key_t, pos_t, sums)
+            return
+
+        # Sort path. One row: already a value of grad's dtype, so rounding would change nothing;
+        # 0 + row turns -0 into +0, as PyTorch's sum does.
+        finish = is_first & is_last
+
+        @pl.when(active & (nrows == 1))
+        def _():
+            old = load_old(finish)
+            acc = add_row(pos0, True, jnp.zeros((block_h,), jnp.float32))
+            write(acc, acc, old, finish, is_last)
+
+        @pl.when(active & (nrows > 1))
+        def _():
+            old = load_old(finish)
+            acc = add_row(pos0, True, jnp.zeros((block_h,), jnp.float32))
+            if unroll:  # every position, then every row, in flight at once
+                taken = [t < nrows for t in range(1, span)]
+                positions = [plgpu.load(sorted_pos_ref.at[s + t], mask=take, other=0) for t, take in zip(range(1, span), taken)]
+                for pos_t, take in zip(positions, taken):
+                    acc = add_row(pos_t, take, acc)
             else:
-                sums = lax.fori_loop(0, span, lambda t, sums: add_slot(*slot_indices(t), sums), sums)
-            acc, count = sums
-            after = s + count  # the chunk's last slot is known only now
-            last = plgpu.load(sorted_keys_ref.at[after], mask=after < n, other=-2) != key
-            # A run of one partial: +0 + round(s) rounds to round(s).
-            write(acc, _round(acc, grad_dtype), load_old(is_first & last), is_first & last, last)
+                acc = lax.fori_loop(1, nrows, lambda t, acc: add_row(sorted_pos_ref[s + t], True, acc), acc)
+            write(acc, _round(acc, grad_dtype), old, finish, is_last)
 
+    if feature:
+        s = p // num_hb
+        item(s, p % num_hb, sorted_keys_ref[s], sorted_pos_ref[s], run_start_ref[s], None)
         return
 
-    # Sort path. One row: already a value of grad's dtype, so rounding would change nothing;
-    # 0 + row turns -0 into +0, as PyTorch's sum does.
-    finish = is_first & is_last
+    def record(t, carry):  # items p, p + programs, ...: H block fastest
+        w = p + t * programs
+        rec = (w // num_hb) * REC_FIELDS
+        fields = [records_ref[rec + f] for f in range(5)]
+        item(fields[0], w % num_hb, *fields[1:])
+        return carry
 
-    @pl.when(active & (nrows == 1))
-    def _():
-        old = load_old(finish)
-        acc = add_row(pos0, True, jnp.zeros((block_h,), jnp.float32))
-        write(acc, acc, old, finish, is_last)
-
-    @pl.when(active & (nrows > 1))
-    def _():
-        old = load_old(finish)
-        acc = add_row(pos0, True, jnp.zeros((block_h,), jnp.float32))
-        if unroll:  # every position, then every row, in flight at once
-            taken = [t < nrows for t in range(1, span)]
-            positions = [plgpu.load(sorted_pos_ref.at[s + t], mask=take, other=0) for t, take in zip(range(1, span), taken)]
-            for pos_t, take in zip(positions, taken):
-                acc = add_row(pos_t, take, acc)
-        else:
-            acc = lax.fori_loop(1, nrows, lambda t, acc: add_row(sorted_pos_ref[s + t], True, acc), acc)
-        write(acc, _round(acc, grad_dtype), old, finish, is_last)
+    items = record_count_ref[0] * num_hb
+    lax.fori_loop(0, (items - p + programs - 1) // programs, record, None)
 
 
 def _long_runs_kernel(
@@ -530,7 +585,7 @@ class _Config:
     runs_block: int  # _runs_kernel slots per program
     block_h: int  # _partials_kernel columns per program
     partial_warps: int  # _partials_kernel's num_warps
-    slot_major: bool  # _partials_kernel program p is (slot p // H blocks, H block p % H blocks), else (p % n, p // n)
+    partial_programs: int  # sort path: _partials_kernel's programs, which stride the records
     # The short static loops of _merge_rank_kernel and _partials_kernel unrolled, as the torch
     # twin's (GPU), else loops: XLA:CPU compiles them several times faster in interpret mode.
     unroll: bool
@@ -541,6 +596,12 @@ class _Config:
     max_long_runs: int  # rows of the long-run list
     num_warps: int  # every kernel's but _partials_kernel's
     num_stages: int
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_sms() -> int:
+    """SMs of the first local device (jax's core_count); 132 (H100, H200) if the runtime does not say."""
+    return getattr(jax.local_devices()[0], "core_count", None) or 132
 
 
 def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
@@ -571,10 +632,12 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         block_i, block_j = INTERPRET_RANK_TILES[path]
         block_h = long_block_h = pl.next_power_of_2(hidden)
         long_programs = min(4, max_long_runs)
+        partial_programs = 8  # several records each
     else:
+        partial_programs = PARTIAL_PROGRAMS_PER_SM * _gpu_sms()
         block_i, block_j = (64, CHUNK) if feature else (128, 64)  # block_i a multiple of block_j
         block_h = min(1024, pl.next_power_of_2(hidden))
-        long_block_h = min(256, block_h)
+        long_block_h = min(128, block_h)
         # As the torch twin: 64 programs along the run list for small n, up to 4096 in all.
         long_programs = max(1, min(max_long_runs, max(64, min(4096 // pl.cdiv(hidden, long_block_h), n // 128))))
     cfg = _Config(
@@ -591,12 +654,12 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         runs_block=1024,
         block_h=block_h,
         partial_warps=2,
-        slot_major=True,
+        partial_programs=partial_programs,
         unroll=not interpret,
         long_block_h=long_block_h,
         long_programs=long_programs,
-        long_batch=1 if interpret else 16,
-        long_warps=4,
+        long_batch=1 if interpret else 32,
+        long_warps=1,
         max_long_runs=max_long_runs,
         num_warps=4,
         num_stages=2,
@@ -638,6 +701,8 @@ class _Stages(NamedTuple):
     partial_ord: jax.Array | None  # int32 [n], feature path only
     run_start: jax.Array  # int32 [n]
     run_end: jax.Array  # int32 [n]
+    records: jax.Array | None  # int32 [n * REC_FIELDS], sort path only: the first record_count records are meaningful
+    record_count: jax.Array | None  # int32 [1], sort path only
     partials: jax.Array  # fp32 [partial_buffer_rows, H]: meaningful at the partial rows of long runs
     long_runs: jax.Array  # int32 [max_long_runs, 2]: the first long_count rows are meaningful
     long_count: jax.Array  # int32 [1]
@@ -645,13 +710,14 @@ class _Stages(NamedTuple):
 
 
 def _merge_sort(ids, problem: Problem, cfg: _Config):
-    """Stages 1 and 2 by the merge-rank sort: (sorted_keys, sorted_pos, run_start, run_end, long_count zeroed)."""
+    """Stages 1 and 2 by the merge-rank sort: (sorted_keys, sorted_pos, run_start, run_end, long_count zeroed, records, record_count)."""
     n = problem.num_tokens
     slots = jax.ShapeDtypeStruct((n,), jnp.int32)
-    block_keys, block_pos = _call(
+    counter = jax.ShapeDtypeStruct((1,), jnp.int32)
+    block_keys, block_pos, record_count = _call(
         _block_sort_kernel,
         cfg,
-        out_shape=[slots, slots],
+        out_shape=[slots, slots, counter],
         grid=(pl.cdiv(n, cfg.merge_block), cfg.merge_block // min(cfg.merge_block_i, cfg.merge_block)),
         name="embwgrad_block_sort",
         n=n,
@@ -664,8 +730,9 @@ def _merge_sort(ids, problem: Problem, cfg: _Config):
     return _call(
         _merge_rank_kernel,
         cfg,
-        out_shape=[slots, slots, slots, slots, jax.ShapeDtypeStruct((1,), jnp.int32)],
+        out_shape=[slots, slots, slots, slots, counter, jax.ShapeDtypeStruct((n * REC_FIELDS,), jnp.int32), counter],
         grid=(pl.cdiv(n, cfg.merge_u),),
+        input_output_aliases={2: 6},
         name="embwgrad_merge_rank",
         n=n,
         block=cfg.merge_block,
@@ -673,7 +740,7 @@ def _merge_sort(ids, problem: Problem, cfg: _Config):
         steps=cfg.merge_block.bit_length(),
         block_u=cfg.merge_u,
         unroll=cfg.unroll,
-    )(block_keys, block_pos)
+    )(block_keys, block_pos, record_count)
 
 
 def _sort(ids, problem: Problem, cfg: _Config):
@@ -711,21 +778,25 @@ def _sort(ids, problem: Problem, cfg: _Config):
     return sorted_keys, sorted_pos, None
 
 
-def _runs(sorted_keys, problem: Problem, cfg: _Config):
-    """Stage 2: (run_start, run_end, long_count zeroed)."""
+def _runs(sorted_keys, sorted_pos, problem: Problem, cfg: _Config):
+    """Stage 2: (run_start, run_end, long_count zeroed, records, record_count); records only on the sort path."""
     n = problem.num_tokens
+    records = cfg.path == SORT
+    counter = jax.ShapeDtypeStruct((1,), jnp.int32)
     return _call(
         _runs_kernel,
         cfg,
-        out_shape=[jax.ShapeDtypeStruct((n,), jnp.int32)] * 2 + [jax.ShapeDtypeStruct((1,), jnp.int32)],
+        out_shape=[jax.ShapeDtypeStruct((n,), jnp.int32)] * 2 + [counter, jax.ShapeDtypeStruct((n * REC_FIELDS if records else 1,), jnp.int32), counter],
         grid=(pl.cdiv(n, cfg.runs_block),),
+        input_output_aliases={2: 4},
         name="embwgrad_runs",
         n=n,
         block=cfg.runs_block,
-    )(sorted_keys)
+        records=records,
+    )(sorted_keys, sorted_pos, jnp.zeros((1,), jnp.int32))
 
 
-def _partials(plan, grad, main_grad, long_count, problem: Problem, cfg: _Config):
+def _partials(plan, records, record_count, grad, main_grad, long_count, problem: Problem, cfg: _Config):
     """Stage 3: sum every partial, finish runs of one partial, list the long runs.
 
     plan is (sorted_keys, sorted_pos, partial_ord or None, run_start, run_end). Returns
@@ -735,7 +806,8 @@ def _partials(plan, grad, main_grad, long_count, problem: Problem, cfg: _Config)
     n, hidden = problem.num_tokens, problem.hidden
     feature = cfg.path == FEATURE
     kernel = _partials_kernel if feature else functools.partial(_partials_kernel, None)
-    inputs = [partial_ord] * feature + [sorted_keys, sorted_pos, run_start, run_end, grad, main_grad, long_count]
+    inputs = [partial_ord] * feature + [sorted_keys, sorted_pos, run_start, records, record_count, grad, main_grad, long_count]
+    items = n * pl.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
     return _call(
         kernel,
         cfg,
@@ -745,7 +817,7 @@ def _partials(plan, grad, main_grad, long_count, problem: Problem, cfg: _Config)
             jax.ShapeDtypeStruct((cfg.max_long_runs, 2), jnp.int32),
             jax.ShapeDtypeStruct((1,), jnp.int32),
         ],
-        grid=(n * pl.cdiv(hidden, cfg.block_h),),
+        grid=(items if feature else min(items, cfg.partial_programs),),
         input_output_aliases={len(inputs) - 2: 0, len(inputs) - 1: 3},
         num_warps=cfg.partial_warps,
         name="embwgrad_partials",
@@ -755,7 +827,6 @@ def _partials(plan, grad, main_grad, long_count, problem: Problem, cfg: _Config)
         grad_dtype=problem.grad_dtype,
         main_grad_dtype=problem.main_grad_dtype,
         block_h=cfg.block_h,
-        slot_major=cfg.slot_major,
         unroll=cfg.unroll,
     )(*inputs)
 
@@ -782,15 +853,17 @@ def _long_runs(long_runs, long_count, sorted_keys, partials, main_grad, problem:
 def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config) -> _Stages:
     """All four stages on ids [n] (flattened) and grad [n, H] into main_grad [V, H] (aliased)."""
     if cfg.sort == MERGE:
-        sorted_keys, sorted_pos, run_start, run_end, long_count = _merge_sort(ids, problem, cfg)
+        sorted_keys, sorted_pos, run_start, run_end, long_count, records, record_count = _merge_sort(ids, problem, cfg)
         partial_ord = None
     else:
         sorted_keys, sorted_pos, partial_ord = _sort(ids, problem, cfg)
-        run_start, run_end, long_count = _runs(sorted_keys, problem, cfg)
+        run_start, run_end, long_count, records, record_count = _runs(sorted_keys, sorted_pos, problem, cfg)
     plan = (sorted_keys, sorted_pos, partial_ord, run_start, run_end)
-    main_grad, partials, long_runs, long_count = _partials(plan, grad, main_grad, long_count, problem, cfg)
+    main_grad, partials, long_runs, long_count = _partials(plan, records, record_count, grad, main_grad, long_count, problem, cfg)
     main_grad = _long_runs(long_runs, long_count, sorted_keys, partials, main_grad, problem, cfg)
-    return _Stages(*plan, partials, long_runs, long_count, main_grad)
+    if cfg.path == FEATURE:
+        records = record_count = None
+    return _Stages(*plan, records, record_count, partials, long_runs, long_count, main_grad)
 
 
 # ----------------------------------------------------------------------------- public functions

@@ -46,18 +46,19 @@ def compile_one(fn, types, constexprs, num_warps=4):
 
 def variants():
     for ids in ("*i32", "*i64"):
-        yield f"rank ids={ids}", ew._rank_kernel, {"ids_ptr": ids}, {"CHUNK_SIZE": CHUNK, "BLOCK_I": ew.RANK_TILES[0], "BLOCK_J": CHUNK}
+        yield f"rank ids={ids}", ew._rank_kernel, {"ids_ptr": ids}, {"PDL": True, "CHUNK_SIZE": CHUNK, "BLOCK_I": ew.RANK_TILES[0], "BLOCK_J": CHUNK}
         for block in (256, 512, 2048):
             tiles = merge_tiles(block)
-            consts = {"BLOCK": block, "BLOCK_I": tiles.block_i, "TILE": tiles.tile}
+            consts = {"BLOCK": block, "BLOCK_I": tiles.block_i, "TILE": tiles.tile, "PDL": True}
             yield f"block_sort {block} ids={ids}", ew._block_sort_kernel, {"ids_ptr": ids}, consts
     for block, blocks in ((256, 32), (512, 64), (2048, 64)):
-        consts = {"BLOCK": block, "NUM_BLOCKS": blocks, "STEPS": block.bit_length(), "BLOCK_U": 1024 // blocks}
+        consts = {"BLOCK": block, "NUM_BLOCKS": blocks, "STEPS": block.bit_length(), "BLOCK_U": 1024 // blocks, "SPAN": NROWS, "PDL": True}
         yield f"merge_rank {block}x{blocks}", ew._merge_rank_kernel, {}, consts
-    yield "runs", ew._runs_kernel, {}, {"BLOCK": 1024}
+    for span in (0, NROWS):
+        yield f"runs span={span}", ew._runs_kernel, {}, {"BLOCK": 1024, "SPAN": span, "PDL": True}
     for feature, grad, main in itertools.product((True, False), DTYPES, DTYPES):
         span = CHUNK if feature else NROWS
-        common = {"FEATURE_PATH": feature, "SPAN": span, "GRAD_ROUNDING": grad, "MAIN_ROUNDING": main}
+        common = {"PDL": True, "FEATURE_PATH": feature, "SPAN": span, "GRAD_ROUNDING": grad, "MAIN_ROUNDING": main}
         types = {"grad_ptr": "*" + DTYPES[grad], "main_grad_ptr": "*" + DTYPES[main], "partials_ptr": "*fp32"}
         types.update({k: "i64" for k in ("grad_stride0", "grad_stride1", "grad_stride_h", "main_grad_stride")})
         yield (

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import jax_frontend
-from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, MERGE_MAX_BLOCKS, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
+from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, MERGE_MAX_BLOCKS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
 from embwgrad_core.dtypes import numpy_dtype
 from jax_frontend import embedding_wgrad as ew
 from tests.cases import Case, assert_bits_equal, cpu_cases, gpu_cases, runs_ids, zipf_ids
@@ -124,7 +124,7 @@ def test_sort_choice_follows_threshold_and_packing():
         assert (cfg.merge_block, cfg.merge_tile, cfg.merge_block_i) == (merge_block(n), tiles.tile, tiles.block_i)
         assert blocks <= cfg.merge_blocks < 2 * blocks and cfg.merge_blocks <= MERGE_MAX_BLOCKS
         assert cfg.merge_u * cfg.merge_blocks == tiles.lanes
-        assert (cfg.unroll, cfg.partial_warps, cfg.slot_major) == (True, 2, True)
+        assert (cfg.unroll, cfg.partial_warps, cfg.partial_programs) == (True, 2, PARTIAL_PROGRAMS_PER_SM * ew._gpu_sms())
     cfg = config(200, 10, overrides=(("merge_block", 8), ("merge_tile", 8)))
     assert (cfg.merge_block, cfg.merge_tile, cfg.merge_blocks, cfg.merge_u) == (8, 8, 32, merge_tiles(8).lanes // 32)
     cfg = config(8192, 129280, overrides=(("interpret", True),))  # one tile per block, loops
@@ -163,7 +163,7 @@ STAGE_ROUTES = {
     "sort-merge-gpu": (SORT, "gpu"),
     "sort-rank": (SORT, (("sort", ew.RANK), ("block_i", 16), ("block_j", 8))),
     "sort-packed": (SORT, (("sort", ew.PACKED),)),
-    "sort-pairs": (SORT, (("sort", ew.PAIRS), ("slot_major", False))),
+    "sort-pairs": (SORT, (("sort", ew.PAIRS), ("partial_programs", 3))),
     "feature-rank": (FEATURE, (("block_i", 64), ("block_j", 32), ("unroll", True), ("long_batch", 3))),
 }
 
@@ -192,8 +192,12 @@ def test_stages_match_core_plan(route):
     assert_bits_equal(stages.run_end, plan.run_end.astype(np.int32), "run_end")
     if path == FEATURE:
         assert_bits_equal(stages.partial_ord, plan.partial_ord.astype(np.int32), "partial_ord")
-    else:
+    else:  # one record per partial that adds to main_grad, in any order
         assert stages.partial_ord is None
+        records = stages.records.reshape(-1, ew.REC_FIELDS)[: int(stages.record_count[0]), :5]
+        s = plan.partial_slot[plan.sorted_keys[plan.partial_slot] >= 0]
+        expected = np.stack([s, plan.sorted_keys[s], plan.sorted_pos[s], plan.run_start[s], plan.run_end[s]], axis=1)
+        assert sorted(map(tuple, records.tolist())) == sorted(map(tuple, expected.tolist()))
 
     listed = stages.long_runs[: int(stages.long_count[0])]
     expected_runs = plan.long_runs.astype(np.int32)
@@ -364,7 +368,7 @@ def test_cuda_lowering_is_triton_and_aliases_main_grad(n, x64, plan_kernels):
     names = [re.search(r'name = "(\w+)"', line).group(1) for line in calls]
     assert names == plan_kernels + ["embwgrad_partials", "embwgrad_long_runs"]
     warps = [int(re.search(r"num_warps = (\d+)", line).group(1)) for line in calls]
-    assert warps == [4] * len(plan_kernels) + [2, 4]  # _Config.partial_warps
+    assert warps == [4] * len(plan_kernels) + [2, 1]  # _Config.partial_warps, long_warps
     assert all("num_stages = 2" in line for line in calls)
     assert ("stablehlo.sort" in text) == (plan_kernels == ["embwgrad_runs"])
     assert re.search(r"%arg2: tensor<129280x7168xf32> \{[^}]*tf\.aliasing_output = 0", text)  # donated

@@ -119,6 +119,11 @@ def test_stages_match_core_plan(route):
     assert device_plan.run_end.tolist() == plan.run_end.tolist()
     if path == FEATURE:
         assert device_plan.partial_ord.tolist() == plan.partial_ord.tolist()
+    else:  # one record per partial that adds to main_grad, in any order
+        records = sorted(tuple(r[:5]) for r in device_plan.records[: int(device_plan.record_count)].tolist())
+        s = plan.partial_slot[plan.sorted_keys[plan.partial_slot] >= 0]
+        expected = zip(s, plan.sorted_keys[s], plan.sorted_pos[s], plan.run_start[s], plan.run_end[s])
+        assert records == sorted(tuple(int(v) for v in r) for r in expected)
 
     partials = ew._partials_stage(device_plan, grad_t, out, problem, cfg)
     count = int(device_plan.long_count)

@@ -10,18 +10,23 @@ Design (SPEC.md; embwgrad_core.plan names the pieces). Four launches, no host sy
    Feature path (n <= 3072): ``_rank_kernel`` ranks each token by counting the tokens that
    sort before it, which also gives every token its chunk's ordinal within its run.
 2. (torch.sort and the feature path) ``_runs_kernel`` finds every slot's run start and end by
-   binary search.
-3. ``_partials_kernel``: one program per (slot, H block) that starts a partial sums the
-   partial's rows in fp32, in order. A run of one partial is finished there (rounded and
-   added into main_grad); a longer run's partials go to a scratch buffer, and its last
-   partial appends the run to a list. One round trip brings the slot's key, run start, run
-   end and position; a slot that starts no partial stops there, and a partial of one row
-   (most of them when ids spread over a large vocabulary) is then a plain copy-add.
+   binary search. On the sort path the kernel that knows a slot's run (merge or runs) also
+   appends a record for each slot that starts a partial: slot, key, position, run start, run
+   end (one atomic per program).
+3. ``_partials_kernel`` sums each partial's rows in fp32, in order, over one H block per
+   item. Sort path: a fixed grid strides the records, so no program is spent on a slot that
+   starts none; feature path: one program per (slot, H block). A run of one partial is
+   finished there (rounded and added into main_grad); a longer run's partials go to a
+   scratch buffer, and its last partial appends the run to a list. A partial of one row
+   (most of them when ids spread over a large vocabulary) is a plain copy-add.
 4. ``_long_runs_kernel`` folds each listed run's partials in order, rounds, adds to main_grad.
 
-No atomics touch floating-point data: every sum's order is PyTorch's. The only atomic is the
-integer counter of the long-run list, whose order does not matter. Rounding to bf16 is done
+No atomics touch floating-point data: every sum's order is PyTorch's. The atomics count
+integers (records, the long-run list), whose order changes no bit. Rounding to bf16 is done
 with integer operations, because Triton's interpreter truncates fp32 -> bf16.
+
+On Hopper and later every launch uses programmatic dependent launch (_pdl_enter): the next
+kernel's programs start while the previous one drains, and wait on the device for its writes.
 
 The plan lives in one int32 workspace; kernels find its arrays at multiples of n (_KEYS ...).
 A call's launches after the first of each kind go straight to the compiled kernels
@@ -35,9 +40,10 @@ from functools import lru_cache
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime.interpreter import InterpretedFunction
 
-from embwgrad_core import CHUNK, FEATURE, MERGE_SORT_MAX_TOKENS, NROWS, merge_block, merge_tiles, partial_buffer_rows, torch_path
+from embwgrad_core import CHUNK, FEATURE, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, merge_block, merge_tiles, partial_buffer_rows, torch_path
 from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args
@@ -57,8 +63,14 @@ _RUN_START = tl.constexpr(2)  # first slot of each slot's run
 _AUX = tl.constexpr(3)  # feature path: partial_ord; merge sort: block-sorted keys
 _AUX2 = tl.constexpr(4)  # merge sort: block-sorted positions
 _RUN_END = tl.constexpr(5)  # one past the last slot of each slot's run
-_LONG = tl.constexpr(6)  # [1] long-run counter, then [2 * max_long_runs] (run start, partials) pairs
-_WORKSPACE_ARRAYS = 6
+# Sort path: one record of _REC_FIELDS int32 for every slot that starts a partial, in no
+# particular order (the plan's programs append theirs with one atomic each): slot, key,
+# position, run start, run end. _partials_kernel's programs stride this list.
+_REC = tl.constexpr(6)
+_REC_FIELDS = tl.constexpr(8)  # five used; eight keep a record in one 32-byte sector
+# From _LONG * n: [0] long-run counter, [1] record counter, then [2 * max_long_runs] (run start, partials) pairs.
+_LONG = tl.constexpr(6 + 8)
+_WORKSPACE_ARRAYS = 6 + 8
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -93,11 +105,38 @@ def _grad_row(pos, grad_dim1, grad_stride0, grad_stride1):
 
 
 @triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    """Programmatic dependent launch (Hopper): let the next kernel's programs launch and wait
+    on the device, then wait for the previous kernel to finish and its writes to show.
+
+    A kernel launched with launch_pdl may start while the one before it drains; every kernel
+    here calls this before it touches memory, so the overlap is the launch and the ramp, never data.
+    """
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+
+
+@triton.jit
 def _load_keys(ids_ptr, idx, mask, num_embeddings, padding_idx):
     """int32 keys of ids[idx]: the id, or -1 for a token that adds nothing; INT32_MAX where not mask."""
     ids = tl.load(ids_ptr + idx, mask=mask, other=-1)
     keep = (ids >= 0) & (ids < num_embeddings) & (ids != padding_idx)
     return tl.where(mask, tl.where(keep, ids, -1).to(tl.int32), _INT32_MAX)
+
+
+@triton.jit
+def _append_records(ws_ptr, n, slot, key, pos, run_start, run_end, live, SPAN: tl.constexpr):
+    """Sort path: append a record (_REC) for each of these slots that starts a partial; one atomic."""
+    starts = live & (key >= 0) & ((slot - run_start) % SPAN == 0)
+    flags = starts.to(tl.int32)
+    base = tl.atomic_add(ws_ptr + _LONG * n + 1, tl.sum(flags, axis=0))
+    rec = ws_ptr + _REC * n + (base + tl.cumsum(flags, axis=0) - flags) * _REC_FIELDS
+    tl.store(rec, slot, mask=starts)
+    tl.store(rec + 1, key, mask=starts)
+    tl.store(rec + 2, pos, mask=starts)
+    tl.store(rec + 3, run_start, mask=starts)
+    tl.store(rec + 4, run_end, mask=starts)
 
 
 @triton.jit
@@ -110,8 +149,10 @@ def _block_sort_kernel(
     BLOCK: tl.constexpr,  # tokens per block: merge_block(n)
     BLOCK_I: tl.constexpr,  # tokens of the block ranked per program (program (b, c) ranks chunk c of block b)
     TILE: tl.constexpr,  # tokens compared per step
+    PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sort path, step 1 of the merge-rank sort: sort each block of BLOCK tokens stably by counting."""
+    _pdl_enter(PDL)
     b0 = tl.program_id(0) * BLOCK
     i = b0 + tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     live = i < n
@@ -125,6 +166,8 @@ def _block_sort_kernel(
     rank = b0 + tl.sum(before, axis=1)
     tl.store(ws_ptr + _AUX * n + rank, key_i, mask=live)
     tl.store(ws_ptr + _AUX2 * n + rank, i, mask=live)
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        tl.store(ws_ptr + _LONG * n + tl.arange(0, 2), tl.zeros([2], dtype=tl.int32))  # both counters
 
 
 @triton.jit
@@ -135,6 +178,8 @@ def _merge_rank_kernel(
     NUM_BLOCKS: tl.constexpr,  # a power of two >= cdiv(n, BLOCK)
     STEPS: tl.constexpr,  # binary-search steps: log2(BLOCK) + 1
     BLOCK_U: tl.constexpr,  # block-sorted tokens per program
+    SPAN: tl.constexpr,  # NROWS
+    PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
 
@@ -142,6 +187,7 @@ def _merge_rank_kernel(
     its own block its local rank; the run starts after all keys < it and ends after all keys
     <= it (plan.merge_ranks).
     """
+    _pdl_enter(PDL)
     u = tl.program_id(0) * BLOCK_U + tl.arange(0, BLOCK_U)
     live = u < n
     key = tl.load(ws_ptr + _AUX * n + u, mask=live, other=0)
@@ -172,8 +218,7 @@ def _merge_rank_kernel(
     tl.store(ws_ptr + _POS * n + slot, pos, mask=live)
     tl.store(ws_ptr + _RUN_START * n + slot, run_start, mask=live)
     tl.store(ws_ptr + _RUN_END * n + slot, run_end, mask=live)
-    if tl.program_id(0) == 0:
-        tl.store(ws_ptr + _LONG * n, 0)  # the long-run counter
+    _append_records(ws_ptr, n, slot, key, pos, run_start, run_end, live, SPAN)
 
 
 @triton.jit
@@ -186,8 +231,10 @@ def _rank_kernel(
     CHUNK_SIZE: tl.constexpr,  # positions per feature-path chunk (== BLOCK_J)
     BLOCK_I: tl.constexpr,  # tokens ranked per program (a multiple of BLOCK_J)
     BLOCK_J: tl.constexpr,  # tokens compared per step
+    PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Feature path: each token's slot by counting the tokens that sort before it, and partial_ord."""
+    _pdl_enter(PDL)
     i0 = tl.program_id(0) * BLOCK_I
     i = i0 + tl.arange(0, BLOCK_I)
     live_i = i < n
@@ -227,8 +274,11 @@ def _runs_kernel(
     n,  # number of tokens
     search_steps,  # binary-search steps: n.bit_length()
     BLOCK: tl.constexpr,  # slots per program
+    SPAN: tl.constexpr,  # sort path (torch.sort): NROWS, and the record counter was zeroed; feature path: 0
+    PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Feature path and torch.sort: every slot's run start and end by binary search in the sorted keys."""
+    _pdl_enter(PDL)
     s = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = s < n
     key = tl.load(ws_ptr + _KEYS * n + s, mask=live, other=0)
@@ -247,7 +297,10 @@ def _runs_kernel(
         hi_end = tl.where(within, hi_end, mid_end)
     tl.store(ws_ptr + _RUN_START * n + s, lo, mask=live)
     tl.store(ws_ptr + _RUN_END * n + s, lo_end, mask=live)
-    if tl.program_id(0) == 0:
+    if SPAN > 0:
+        pos = tl.load(ws_ptr + _POS * n + s, mask=live, other=0)
+        _append_records(ws_ptr, n, s, key, pos, lo, lo_end, live, SPAN)
+    elif tl.program_id(0) == 0:
         tl.store(ws_ptr + _LONG * n, 0)
 
 
@@ -270,26 +323,66 @@ def _partials_kernel(
     GRAD_ROUNDING: tl.constexpr,
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
-    """Program p sums, over H block p % cdiv(H, BLOCK_H), the partial that starts at slot p // cdiv(H, BLOCK_H).
+    """Sum every partial over every H block: items (partial, H block), H block fastest.
 
-    Sort path: one round trip loads the slot's key, run start, run end and position, which
-    say whether the slot starts a partial, how many rows it has and whether it finishes its
-    run; programs of slots that start no partial stop there. A partial of one row (most of
-    them for ids spread over a large vocabulary) then loads its grad row with the main_grad
-    row and is done: two round trips, the instructions of a plain copy. Longer partials load
-    the other positions, then their rows, unrolled so that all are in flight at once.
+    Sort path: the programs stride the plan's records (_REC), one per partial, so no program
+    waits on a slot that starts none (for ids with heavy repeats, most slots). A record is one
+    round trip: slot, key, position, run start and run end, which say how many rows the
+    partial has and whether it finishes its run. A partial of one row (most of them for ids
+    spread over a large vocabulary) then loads its grad row with the main_grad row and is
+    done: the instructions of a plain copy. Longer partials load the other positions, then
+    their rows, unrolled so that all are in flight at once.
+    Feature path: program p takes slot p // cdiv(H, BLOCK_H), and stops unless it starts a partial.
     (One program per slot looping over the H blocks measured 1.5x slower: its row loads wait
     for the previous block's stores.)
     """
+    _pdl_enter(PDL)
     num_hb = tl.cdiv(hidden, BLOCK_H)
-    s = tl.program_id(0) // num_hb
+    if FEATURE_PATH:
+        s = tl.program_id(0) // num_hb
+        key = tl.load(ws_ptr + _KEYS * n + s)
+        pos0 = tl.load(ws_ptr + _POS * n + s)
+        run_start = tl.load(ws_ptr + _RUN_START * n + s)
+        _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
+                 main_grad_stride, s, tl.program_id(0) % num_hb, key, pos0, run_start, 0,
+                 FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
+    else:
+        items = tl.load(ws_ptr + _LONG * n + 1) * num_hb
+        for w in range(tl.program_id(0), items, tl.num_programs(0)):
+            rec = ws_ptr + _REC * n + (w // num_hb) * _REC_FIELDS
+            s = tl.load(rec)
+            key = tl.load(rec + 1)
+            pos0 = tl.load(rec + 2)
+            run_start = tl.load(rec + 3)
+            run_end = tl.load(rec + 4)
+            _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
+                     main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end,
+                     FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
+
+
+@triton.jit
+def _partial(
+    ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
+    main_grad_stride,
+    s,  # the slot
+    my_hb,  # the H block
+    key,  # its key
+    pos0,  # its position
+    run_start,  # its run's first slot
+    run_end,  # sort path: one past its run's last slot
+    FEATURE_PATH: tl.constexpr,
+    SPAN: tl.constexpr,
+    CHUNK_SIZE: tl.constexpr,
+    GRAD_ROUNDING: tl.constexpr,
+    MAIN_ROUNDING: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """The partial that starts at slot s, over H block my_hb (if s starts one): finished, or to the scratch buffer."""
     keys_ptr = ws_ptr + _KEYS * n
     pos_ptr = ws_ptr + _POS * n
-    key = tl.load(keys_ptr + s)
-    run_start = tl.load(ws_ptr + _RUN_START * n + s)
     is_first = s == run_start
-    pos0 = tl.load(pos_ptr + s)
     if FEATURE_PATH:
         chunk = pos0 // CHUNK_SIZE
         prev_chunk = tl.load(pos_ptr + s - 1, mask=s > run_start, other=-CHUNK_SIZE) // CHUNK_SIZE
@@ -304,7 +397,6 @@ def _partials_kernel(
         is_last = tl.load(keys_ptr + s + count, mask=s + count < n, other=-2) != key
         row = run_start + k
     else:
-        run_end = tl.load(ws_ptr + _RUN_END * n + s)
         chunk = 0
         active = (key >= 0) & ((s - run_start) % SPAN == 0)
         k = (s - run_start) // SPAN
@@ -314,7 +406,6 @@ def _partials_kernel(
     finish = active & is_first & is_last  # a run of one partial: add it to main_grad here
     in_long_run = active & ~(is_first & is_last)  # else: to the scratch buffer (embwgrad_core.partial_row)
     main_row = main_grad_ptr + key.to(tl.int64) * main_grad_stride
-    my_hb = tl.program_id(0) % num_hb
     for hb in range(my_hb, my_hb + active.to(tl.int32)):  # once, or not at all
         cols = hb * BLOCK_H + tl.arange(0, BLOCK_H)
         # cols < (flag ? H : 0), not live_h & flag: the interpreter mistypes scalar & vector masks.
@@ -349,8 +440,8 @@ def _partials_kernel(
         tl.store(partials_ptr + row.to(tl.int64) * hidden + cols, acc, mask=cols < tl.where(in_long_run, hidden, 0))
     if in_long_run & is_last & (my_hb == 0):
         entry = tl.atomic_add(ws_ptr + _LONG * n, 1)
-        tl.store(ws_ptr + _LONG * n + 1 + 2 * entry, run_start)
-        tl.store(ws_ptr + _LONG * n + 2 + 2 * entry, k + 1)
+        tl.store(ws_ptr + _LONG * n + 2 + 2 * entry, run_start)
+        tl.store(ws_ptr + _LONG * n + 3 + 2 * entry, k + 1)
 
 
 @triton.jit
@@ -367,13 +458,15 @@ def _long_runs_kernel(
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BATCH: tl.constexpr,  # partials loaded per step
+    PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Fold each listed run's partials in order, round, add to main_grad; programs stride the list."""
+    _pdl_enter(PDL)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     live_h = cols < hidden
     for e in range(tl.program_id(0), tl.load(ws_ptr + _LONG * n), tl.num_programs(0)):
-        run_start = tl.load(ws_ptr + _LONG * n + 1 + 2 * e)
-        num_partials = tl.load(ws_ptr + _LONG * n + 2 + 2 * e)
+        run_start = tl.load(ws_ptr + _LONG * n + 2 + 2 * e)
+        num_partials = tl.load(ws_ptr + _LONG * n + 3 + 2 * e)
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         acc = tl.zeros([BLOCK_H], dtype=tl.float32)
         # BATCH partials' loads are in flight at once; the adds stay one at a time, in order.
@@ -417,6 +510,8 @@ class _Config:
     block_h: int  # _partials_kernel columns per program
     partial_warps: int
     partial_maxnreg: int | None  # ptxas register cap of _partials_kernel (None: the compiler's choice)
+    partial_programs: int  # sort path: _partials_kernel's programs, which stride the partials
+    pdl: bool  # launch with programmatic dependent launch (Hopper and later, not the interpreter)
     long_block_h: int
     long_programs: int
     long_batch: int  # partials loaded at once by _long_runs_kernel
@@ -424,13 +519,20 @@ class _Config:
     max_long_runs: int
 
 
+@lru_cache(maxsize=None)
+def _device_traits(device_index: int) -> tuple[int, bool]:
+    """(SMs, whether it has programmatic dependent launch: compute capability 9.0 or later)."""
+    props = torch.cuda.get_device_properties(device_index)
+    return props.multi_processor_count, props.major >= 9
+
+
 @lru_cache(maxsize=256)
-def _config(problem: Problem, path: str, interpret: bool) -> _Config:
-    """The launch parameters; the measured choices are in benchmarks/NOTES.md."""
+def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: bool = False) -> _Config:
+    """The launch parameters for a GPU of sms SMs; the measured choices are in benchmarks/NOTES.md."""
     n, hidden = problem.num_tokens, problem.hidden
     feature = path == FEATURE
     block_h = min(1024, triton.next_power_of_2(hidden))
-    long_block_h = min(256, block_h)
+    long_block_h = min(128, block_h)
     long_hb = triton.cdiv(hidden, long_block_h)
     max_long_runs = max(1, n // 2 if feature else n // (NROWS + 1))
     block_i, block_j = INTERPRET_RANK_TILES if interpret else RANK_TILES
@@ -452,12 +554,14 @@ def _config(problem: Problem, path: str, interpret: bool) -> _Config:
         block_h=block_h,
         partial_warps=1,
         partial_maxnreg=None,
+        partial_programs=PARTIAL_PROGRAMS_PER_SM * sms,
+        pdl=pdl and not interpret,
         long_block_h=long_block_h,
         # Programs along the run list: an empty list costs ~1 us less at 64 than at 146, and a
         # long list (large n) wants more programs, each folding fewer runs one after another.
         long_programs=max(1, min(max_long_runs, max(64, min(4096 // long_hb, n // 128)))),
-        long_batch=16,
-        long_warps=4,
+        long_batch=32,
+        long_warps=1,
         max_long_runs=max_long_runs,
     )
 
@@ -479,10 +583,13 @@ class _Launcher:
         self.recorded = []
         self.stream = None if replay is None else torch.cuda.current_stream().cuda_stream
 
-    def __call__(self, kernel, grid, args, num_warps, maxnreg=None, **constexprs):
+    def __call__(self, kernel, grid, args, num_warps, maxnreg=None, pdl=False, **constexprs):
         grid = tuple(grid) + (1,) * (3 - len(grid))
+        constexprs["PDL"] = pdl
         if self.replay is None:
-            options = {"num_warps": num_warps} if maxnreg is None else {"num_warps": num_warps, "maxnreg": maxnreg}
+            options = {"num_warps": num_warps, "launch_pdl": pdl}
+            if maxnreg is not None:
+                options["maxnreg"] = maxnreg
             self.recorded.append(kernel[grid](*args, **options, **constexprs))
             return
         compiled = self.replay[len(self.recorded)]
@@ -539,7 +646,7 @@ def _position_strides(grad: torch.Tensor):
 class _Plan:
     """The plan on the device: one int32 workspace (embwgrad_core.plan names each piece)."""
 
-    workspace: torch.Tensor  # [_WORKSPACE_ARRAYS * n + 1 + 2 * max_long_runs]
+    workspace: torch.Tensor  # [_WORKSPACE_ARRAYS * n + 2 + 2 * max_long_runs]
     n: int
 
     def _array(self, index: int) -> torch.Tensor:
@@ -551,15 +658,17 @@ class _Plan:
     run_start = property(lambda self: self._array(_RUN_START.value))
     partial_ord = property(lambda self: self._array(_AUX.value))
     run_end = property(lambda self: self._array(_RUN_END.value))
-    long_count = property(lambda self: self.workspace[_WORKSPACE_ARRAYS * self.n])
-    long_runs = property(lambda self: self.workspace[_WORKSPACE_ARRAYS * self.n + 1 :])
+    records = property(lambda self: self.workspace[_REC.value * self.n : _LONG.value * self.n].view(self.n, _REC_FIELDS.value))
+    record_count = property(lambda self: self.workspace[_LONG.value * self.n + 1])
+    long_count = property(lambda self: self.workspace[_LONG.value * self.n])
+    long_runs = property(lambda self: self.workspace[_LONG.value * self.n + 2 :])
 
 
 def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
     """Stages 1 and 2: sort the tokens by key and find every slot's run start and end."""
     launch = launch or _Launcher()
     n = problem.num_tokens
-    ws = torch.empty(_WORKSPACE_ARRAYS * n + 1 + 2 * cfg.max_long_runs, dtype=torch.int32, device=ids.device)
+    ws = torch.empty(_WORKSPACE_ARRAYS * n + 2 + 2 * cfg.max_long_runs, dtype=torch.int32, device=ids.device)
     plan = _Plan(ws, n)
     keys_args = (ids, ws, n, problem.num_embeddings, problem.padding_idx)
     if cfg.sort == "merge":
@@ -569,6 +678,7 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
             (triton.cdiv(n, cfg.merge_block), cfg.merge_block // block_i),
             keys_args,
             cfg.merge_warps,
+            pdl=cfg.pdl,
             BLOCK=cfg.merge_block,
             BLOCK_I=block_i,
             TILE=cfg.merge_tile,
@@ -578,22 +688,26 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
             (triton.cdiv(n, cfg.merge_u),),
             (ws, n),
             cfg.merge_warps,
+            pdl=cfg.pdl,
             BLOCK=cfg.merge_block,
             NUM_BLOCKS=cfg.merge_blocks,
             STEPS=cfg.merge_block.bit_length(),
             BLOCK_U=cfg.merge_u,
+            SPAN=NROWS,
         )
         return plan
     if cfg.sort == "rank":
         if cfg.block_i % cfg.block_j or cfg.block_j != CHUNK:
             raise ValueError(f"rank tiles ({cfg.block_i=}, {cfg.block_j=}) must have block_i % block_j == 0 and block_j == {CHUNK}")
-        launch(_rank_kernel, (triton.cdiv(n, cfg.block_i),), keys_args, 4, CHUNK_SIZE=CHUNK, BLOCK_I=cfg.block_i, BLOCK_J=cfg.block_j)
+        launch(_rank_kernel, (triton.cdiv(n, cfg.block_i),), keys_args, 4, pdl=cfg.pdl, CHUNK_SIZE=CHUNK, BLOCK_I=cfg.block_i, BLOCK_J=cfg.block_j)
     else:
         keep = (ids >= 0) & (ids < problem.num_embeddings) & (ids != problem.padding_idx)
         keys, order = torch.sort(torch.where(keep, ids, -1).to(torch.int32), stable=True)
         plan.sorted_keys.copy_(keys)
         plan.sorted_pos.copy_(order)
-    launch(_runs_kernel, (triton.cdiv(n, cfg.runs_block),), (ws, n, n.bit_length()), 4, BLOCK=cfg.runs_block)
+        ws[_LONG.value * n : _LONG.value * n + 2].zero_()  # the counters, before the runs kernel appends records
+    span = 0 if cfg.path == FEATURE else NROWS
+    launch(_runs_kernel, (triton.cdiv(n, cfg.runs_block),), (ws, n, n.bit_length()), 4, pdl=cfg.pdl, BLOCK=cfg.runs_block, SPAN=span)
     return plan
 
 
@@ -606,11 +720,13 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         grad = grad.contiguous()
         strides = _position_strides(grad)
     partials = torch.empty(partial_buffer_rows(n, cfg.path), hidden, dtype=torch.float32, device=main_grad.device)
+    items = n * triton.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
     launch(
         _partials_kernel,
-        (n * triton.cdiv(hidden, cfg.block_h),),
+        (items if cfg.path == FEATURE else min(items, cfg.partial_programs),),
         (plan.workspace, grad, main_grad, partials, n, hidden, *strides, grad.stride(-1), main_grad.stride(0)),
         cfg.partial_warps,
+        pdl=cfg.pdl,
         maxnreg=cfg.partial_maxnreg,
         FEATURE_PATH=cfg.path == FEATURE,
         SPAN=CHUNK if cfg.path == FEATURE else NROWS,
@@ -630,6 +746,7 @@ def _long_runs_stage(plan: _Plan, partials, main_grad, problem: Problem, cfg: _C
         (cfg.long_programs, triton.cdiv(problem.hidden, cfg.long_block_h)),
         (plan.workspace, partials, main_grad, problem.num_tokens, problem.hidden, main_grad.stride(0)),
         cfg.long_warps,
+        pdl=cfg.pdl,
         FEATURE_PATH=cfg.path == FEATURE,
         SPAN=CHUNK if cfg.path == FEATURE else NROWS,
         GRAD_ROUNDING=ROUNDING_CODE[problem.grad_dtype],
@@ -642,7 +759,7 @@ def _long_runs_stage(plan: _Plan, partials, main_grad, problem: Problem, cfg: _C
 def _launch(ids, grad, main_grad, problem: Problem, path: str) -> None:
     """All four stages: ids [n] (flattened), grad [*S, H] (strides allowed), main_grad [V, H]."""
     interpret = _interpreting()
-    cfg = _config(problem, path, interpret)
+    cfg = _config(problem, path, interpret, *((4, False) if interpret else _device_traits(main_grad.device.index)))
     key = None if interpret else _call_key(ids, grad, main_grad, problem, path)
     launch = _Launcher(_CALLS.get(key))
     plan = _plan_stage(ids, problem, cfg, launch)
