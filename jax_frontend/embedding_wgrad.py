@@ -12,17 +12,20 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
    bytes dwarf it. Feature path: ``_rank_kernel`` ranks each token by counting the tokens
    that sort before it, which also gives every token its chunk's ordinal within its run.
 2. (lax.sort and the feature path) ``_runs_kernel`` finds every slot's run start and end by
-   binary search.
-3. ``_partials_kernel``: one program per (slot, H block) that starts a partial sums the
-   partial's rows in fp32, in order. A run of one partial is finished there (rounded and
-   added into main_grad); a longer run's partials go to a scratch buffer at
-   ``embwgrad_core.partial_row``, and its last partial appends the run to a list. The slot's
-   key, run start, run end and position come in one round trip; programs of slots that start
-   no partial stop there, partials of one row load it with the main_grad row and are done.
+   binary search. On the sort path the kernel that finds a slot's run (merge rank or runs)
+   also appends a record for each slot that starts a partial: slot, key, position, run start,
+   run end (``_append_records``: one atomic per program, in no particular order).
+3. ``_partials_kernel`` sums each partial's rows in fp32, in order, over one H block per item.
+   Sort path: a fixed grid strides the records (the next item's record in flight while this
+   item's rows are), so no program waits on a slot that starts none; feature path: one
+   program per (slot, H block). A run of one partial is finished there (rounded and added
+   into main_grad); a longer run's partials go to a scratch buffer at
+   ``embwgrad_core.partial_row``, and its last partial appends the run to a list. Partials of
+   one row load it with the main_grad row and are done.
 4. ``_long_runs_kernel`` folds each listed run's partials in order, rounds, adds to main_grad.
 
-No atomics touch floating-point data; the one atomic counts the long-run list, whose order
-does not matter. bf16 rounding is integer bit operations (as in the torch kernels), so both
+No atomics touch floating-point data; the atomics count records and long runs, whose order
+changes no bit. bf16 rounding is integer bit operations (as in the torch kernels), so both
 frontends round by the same formula whatever a lowering does with fp32 -> bf16.
 
 JAX specifics:
@@ -386,6 +389,7 @@ def _partials_kernel(
     main_grad_dtype: str,
     block_h: int,
     unroll: bool,  # the rows unrolled, their indices loaded first (as the torch twin), else a loop
+    prefetch: bool,  # sort path: the next item's record loaded before this item's rows
 ):
     """Every partial's rows summed in order, over one H block per item (partial, H block).
 
@@ -498,15 +502,22 @@ def _partials_kernel(
         item(s, p % num_hb, sorted_keys_ref[s], sorted_pos_ref[s], run_start_ref[s], None)
         return
 
-    def record(t, carry):  # items p, p + programs, ...: H block fastest
-        w = p + t * programs
-        rec = (w // num_hb) * REC_FIELDS
-        fields = [records_ref[rec + f] for f in range(5)]
-        item(fields[0], w % num_hb, *fields[1:])
-        return carry
-
     items = record_count_ref[0] * num_hb
-    lax.fori_loop(0, (items - p + programs - 1) // programs, record, None)
+
+    def load_record(w):  # (slot, key, position, run start, run end) of item w; zeros past the last item
+        rec = (w // num_hb) * REC_FIELDS
+        return tuple(plgpu.load(records_ref.at[jnp.where(w < items, rec + f, 0)], mask=w < items, other=0) for f in range(5))
+
+    def record(t, fields):  # items p, p + programs, ...: H block fastest
+        w = p + t * programs
+        following = load_record(w + programs) if prefetch else None  # in flight while this item's rows are
+        if not prefetch:
+            fields = load_record(w)
+        item(fields[0], w % num_hb, *fields[1:])
+        return following if prefetch else fields
+
+    first = load_record(p) if prefetch else (jnp.int32(0),) * 5
+    lax.fori_loop(0, (items - p + programs - 1) // programs, record, first)
 
 
 def _long_runs_kernel(
@@ -586,6 +597,7 @@ class _Config:
     block_h: int  # _partials_kernel columns per program
     partial_warps: int  # _partials_kernel's num_warps
     partial_programs: int  # sort path: _partials_kernel's programs, which stride the records
+    prefetch: bool  # sort path: _partials_kernel loads the next item's record before this item's rows
     # The short static loops of _merge_rank_kernel and _partials_kernel unrolled, as the torch
     # twin's (GPU), else loops: XLA:CPU compiles them several times faster in interpret mode.
     unroll: bool
@@ -655,6 +667,7 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         block_h=block_h,
         partial_warps=2,
         partial_programs=partial_programs,
+        prefetch=True,
         unroll=not interpret,
         long_block_h=long_block_h,
         long_programs=long_programs,
@@ -828,6 +841,7 @@ def _partials(plan, records, record_count, grad, main_grad, long_count, problem:
         main_grad_dtype=problem.main_grad_dtype,
         block_h=cfg.block_h,
         unroll=cfg.unroll,
+        prefetch=cfg.prefetch,
     )(*inputs)
 
 

@@ -162,7 +162,7 @@ STAGE_ROUTES = {
     "sort-merge-small": (SORT, (("sort", ew.MERGE), ("merge_block", 8), ("merge_tile", 8))),
     "sort-merge-gpu": (SORT, "gpu"),
     "sort-rank": (SORT, (("sort", ew.RANK), ("block_i", 16), ("block_j", 8))),
-    "sort-packed": (SORT, (("sort", ew.PACKED),)),
+    "sort-packed": (SORT, (("sort", ew.PACKED), ("prefetch", False))),
     "sort-pairs": (SORT, (("sort", ew.PAIRS), ("partial_programs", 3))),
     "feature-rank": (FEATURE, (("block_i", 64), ("block_j", 32), ("unroll", True), ("long_batch", 3))),
 }

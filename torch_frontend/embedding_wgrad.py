@@ -323,6 +323,7 @@ def _partials_kernel(
     GRAD_ROUNDING: tl.constexpr,
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PREFETCH: tl.constexpr,  # sort path: load the next item's record before this item's rows
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sum every partial over every H block: items (partial, H block), H block fastest.
@@ -350,16 +351,35 @@ def _partials_kernel(
                  FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
     else:
         items = tl.load(ws_ptr + _LONG * n + 1) * num_hb
-        for w in range(tl.program_id(0), items, tl.num_programs(0)):
-            rec = ws_ptr + _REC * n + (w // num_hb) * _REC_FIELDS
-            s = tl.load(rec)
-            key = tl.load(rec + 1)
-            pos0 = tl.load(rec + 2)
-            run_start = tl.load(rec + 3)
-            run_end = tl.load(rec + 4)
-            _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
-                     main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end,
-                     FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
+        step = tl.num_programs(0)
+        if PREFETCH:  # the next item's record is in flight while this item's rows are
+            s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, tl.program_id(0), items, num_hb)
+            for w in range(tl.program_id(0), items, step):
+                s_next, key_next, pos_next, start_next, end_next = _load_record(ws_ptr, n, w + step, items, num_hb)
+                _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
+                         main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end,
+                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
+                s, key, pos0, run_start, run_end = s_next, key_next, pos_next, start_next, end_next
+        else:
+            for w in range(tl.program_id(0), items, step):
+                s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, w, items, num_hb)
+                _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
+                         main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end,
+                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
+
+
+@triton.jit
+def _load_record(ws_ptr, n, w, items, num_hb):
+    """(slot, key, position, run start, run end) of item w's record; zeros past the last item."""
+    rec = ws_ptr + _REC * n + (w // num_hb) * _REC_FIELDS
+    live = w < items
+    return (
+        tl.load(rec, mask=live, other=0),
+        tl.load(rec + 1, mask=live, other=0),
+        tl.load(rec + 2, mask=live, other=0),
+        tl.load(rec + 3, mask=live, other=0),
+        tl.load(rec + 4, mask=live, other=0),
+    )
 
 
 @triton.jit
@@ -511,6 +531,7 @@ class _Config:
     partial_warps: int
     partial_maxnreg: int | None  # ptxas register cap of _partials_kernel (None: the compiler's choice)
     partial_programs: int  # sort path: _partials_kernel's programs, which stride the partials
+    prefetch: bool  # sort path: _partials_kernel loads the next item's record before this item's rows
     pdl: bool  # launch with programmatic dependent launch (Hopper and later, not the interpreter)
     long_block_h: int
     long_programs: int
@@ -555,6 +576,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         partial_warps=1,
         partial_maxnreg=None,
         partial_programs=PARTIAL_PROGRAMS_PER_SM * sms,
+        prefetch=True,
         pdl=pdl and not interpret,
         long_block_h=long_block_h,
         # Programs along the run list: an empty list costs ~1 us less at 64 than at 146, and a
@@ -734,6 +756,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         GRAD_ROUNDING=ROUNDING_CODE[problem.grad_dtype],
         MAIN_ROUNDING=ROUNDING_CODE[problem.main_grad_dtype],
         BLOCK_H=cfg.block_h,
+        PREFETCH=cfg.prefetch,
     )
     return partials
 
