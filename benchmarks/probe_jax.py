@@ -17,10 +17,11 @@ from tests.cases import REAL_H, REAL_V
 POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform")]
 VARIANTS = (
     (),
-    (("block_h", 1024), ("partial_warps", 4)),
-    (("long_batch", 1),),
-    (("long_batch", 16),),
-    (("merge_block_i", 16), ("merge_tile", 256)),
+    (("prefetch", False),),
+    (("partial_programs", 64 * ew._gpu_sms()),),
+    (("partial_warps", 1),),
+    (("block_h", 512), ("partial_warps", 1)),
+    (("long_batch", 16), ("long_block_h", 256), ("long_warps", 4)),
     (),
 )
 
