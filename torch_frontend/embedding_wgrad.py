@@ -609,7 +609,9 @@ class _Launcher:
         grid = tuple(grid) + (1,) * (3 - len(grid))
         constexprs["PDL"] = pdl
         if self.replay is None:
-            options = {"num_warps": num_warps, "launch_pdl": pdl}
+            options = {"num_warps": num_warps}
+            if pdl:
+                options["launch_pdl"] = True
             if maxnreg is not None:
                 options["maxnreg"] = maxnreg
             self.recorded.append(kernel[grid](*args, **options, **constexprs))
