@@ -319,7 +319,7 @@ def _runs_kernel(
     # Inputs
     sorted_keys_ref,  # int32 [n]: keys in sorted order
     sorted_pos_ref,  # int32 [n]: positions in sorted order (read on the sort path)
-    record_count_in_ref,  # int32 [1]: zero, aliased to record_count_ref, never read
+    record_count_in_ref,  # int32 [1]: sort path, zero, aliased to record_count_ref; never read
     # Outputs
     run_start_ref,  # int32 [n]: first slot of each slot's run
     run_end_ref,  # int32 [n]: one past the last slot of each slot's run
@@ -796,17 +796,21 @@ def _runs(sorted_keys, sorted_pos, problem: Problem, cfg: _Config):
     n = problem.num_tokens
     records = cfg.path == SORT
     counter = jax.ShapeDtypeStruct((1,), jnp.int32)
+    # The record counter must be zero before the kernel's atomics: on the sort path a zero
+    # buffer aliased to it. The feature path appends nothing, so its slot takes sorted_keys,
+    # unread and not aliased, and XLA fills no buffer for it.
+    record_count_in = jnp.zeros((1,), jnp.int32) if records else sorted_keys
     return _call(
         _runs_kernel,
         cfg,
         out_shape=[jax.ShapeDtypeStruct((n,), jnp.int32)] * 2 + [counter, jax.ShapeDtypeStruct((n * REC_FIELDS if records else 1,), jnp.int32), counter],
         grid=(pl.cdiv(n, cfg.runs_block),),
-        input_output_aliases={2: 4},
+        input_output_aliases={2: 4} if records else None,
         name="embwgrad_runs",
         n=n,
         block=cfg.runs_block,
         records=records,
-    )(sorted_keys, sorted_pos, jnp.zeros((1,), jnp.int32))
+    )(sorted_keys, sorted_pos, record_count_in)
 
 
 def _partials(plan, records, record_count, grad, main_grad, long_count, problem: Problem, cfg: _Config):

@@ -69,8 +69,8 @@ _RUN_END = tl.constexpr(5)  # one past the last slot of each slot's run
 _REC = tl.constexpr(6)
 _REC_FIELDS = tl.constexpr(8)  # five used; eight keep a record in one 32-byte sector
 # From _LONG * n: [0] long-run counter, [1] record counter, then [2 * max_long_runs] (run start, partials) pairs.
-_LONG = tl.constexpr(6 + 8)
-_WORKSPACE_ARRAYS = 6 + 8
+_LONG = tl.constexpr(_REC.value + _REC_FIELDS.value)
+_WORKSPACE_ARRAYS = _LONG.value
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -102,6 +102,15 @@ def _add_to_row(row_ptr, cols, mask, gw, ROUNDING: tl.constexpr):
 def _grad_row(pos, grad_dim1, grad_stride0, grad_stride1):
     """Offset of position pos's grad row: (pos // grad_dim1) * grad_stride0 + (pos % grad_dim1) * grad_stride1."""
     return (pos // grad_dim1).to(tl.int64) * grad_stride0 + (pos % grad_dim1).to(tl.int64) * grad_stride1
+
+
+@triton.jit
+def _partial_row(run_start, k, FEATURE_PATH: tl.constexpr, SPAN: tl.constexpr):
+    """Scratch-buffer row of partial k of the run that starts at slot run_start: embwgrad_core.partial_row."""
+    if FEATURE_PATH:
+        return run_start + k
+    else:
+        return 2 * ((run_start + SPAN * k) // SPAN) + (k == 0).to(tl.int32)
 
 
 @triton.jit
@@ -415,14 +424,13 @@ def _partial(
             pos_t = tl.load(pos_ptr + slot, mask=slot < n, other=0)
             count += ((key_t == key) & (pos_t // CHUNK_SIZE == chunk)).to(tl.int32)
         is_last = tl.load(keys_ptr + s + count, mask=s + count < n, other=-2) != key
-        row = run_start + k
     else:
         chunk = 0
         active = (key >= 0) & ((s - run_start) % SPAN == 0)
         k = (s - run_start) // SPAN
         nrows = tl.minimum(run_end - s, SPAN)
         is_last = run_end <= s + SPAN
-        row = 2 * (s // SPAN) + is_first.to(tl.int32)
+    row = _partial_row(run_start, k, FEATURE_PATH, SPAN)
     finish = active & is_first & is_last  # a run of one partial: add it to main_grad here
     in_long_run = active & ~(is_first & is_last)  # else: to the scratch buffer (embwgrad_core.partial_row)
     main_row = main_grad_ptr + key.to(tl.int64) * main_grad_stride
@@ -495,10 +503,7 @@ def _long_runs_kernel(
                 # Past the run's last partial, load that one again (always an address, no
                 # predicate, so all BATCH loads issue before the first add) and drop it.
                 k = tl.minimum(k0 + u, num_partials - 1)
-                if FEATURE_PATH:
-                    row = run_start + k
-                else:
-                    row = 2 * ((run_start + SPAN * k) // SPAN) + (k == 0)
+                row = _partial_row(run_start, k, FEATURE_PATH, SPAN)
                 part = tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0.0)
                 if FEATURE_PATH:
                     acc = tl.where(k0 + u < num_partials, _round(acc + _round(part, GRAD_ROUNDING), GRAD_ROUNDING), acc)
