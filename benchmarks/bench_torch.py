@@ -62,6 +62,17 @@ def dense(ids, grad, main_grad):
     main_grad.add_(gw)
 
 
+def dense_expected(ids, grad, main_grad):
+    """A copy of main_grad after PyTorch's dense path with deterministic algorithms: the bits to match."""
+    expected = main_grad.clone()
+    torch.use_deterministic_algorithms(True)
+    try:
+        dense(ids, grad, expected)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    return expected
+
+
 def same_bits(a, b) -> bool:
     return torch.equal(a.view(torch.int32), b.view(torch.int32))
 
@@ -87,10 +98,7 @@ def main(argv=None):
             exact_first = same_bits(first, out)
             del first
             if ON_GPU:
-                expected = main_grad.clone()
-                torch.use_deterministic_algorithms(True)
-                dense(ids, grad, expected)
-                torch.use_deterministic_algorithms(False)
+                expected = dense_expected(ids, grad, main_grad)
                 exact = same_bits(out, expected) and exact_first
                 del expected
             else:
