@@ -46,7 +46,7 @@ def compile_one(fn, types, constexprs, num_warps=4):
 
 def variants():
     for ids in ("*i32", "*i64"):
-        yield f"rank ids={ids}", ew._rank_kernel, {"ids_ptr": ids}, {"PDL": True, "CHUNK_SIZE": CHUNK, "BLOCK_I": ew.RANK_TILES[0], "BLOCK_J": CHUNK}
+        yield f"rank ids={ids}", ew._rank_kernel, {"ids_ptr": ids}, {"PDL": True, "CHUNK_SIZE": CHUNK, "BLOCK_I": ew.RANK_TILES[0], "BLOCK_J": ew.RANK_TILES[1]}
         for block in (256, 512, 2048):
             tiles = merge_tiles(block)
             consts = {"BLOCK": block, "BLOCK_I": tiles.block_i, "TILE": tiles.tile, "PDL": True}

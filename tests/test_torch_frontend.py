@@ -89,6 +89,7 @@ STAGE_ROUTES = {
     "merge-gpu": (SORT, "gpu"),
     "torch.sort": (SORT, dict(sort="torch", prefetch=False, partial_programs=3)),
     "rank-small": (FEATURE, dict(block_i=2 * CHUNK, block_j=CHUNK, block_h=8)),
+    "rank-wide-steps": (FEATURE, dict(block_i=CHUNK, block_j=4 * CHUNK, block_h=8)),
     "merge-small-h-blocks": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, block_h=8)),
     "rank-gpu": (FEATURE, dict(zip(("block_i", "block_j"), ew.RANK_TILES))),
 }

@@ -48,13 +48,16 @@ from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args
 
-#: (BLOCK_I, BLOCK_J) of _rank_kernel (feature path) on a GPU; BLOCK_I a multiple of BLOCK_J == CHUNK.
-RANK_TILES = (64, CHUNK)
+#: (BLOCK_I, BLOCK_J) of _rank_kernel (feature path) on a GPU, multiples of CHUNK: one chunk of
+#: tokens per program (32 programs for 1024 tokens), 8 chunks compared per step (4 steps).
+RANK_TILES = (CHUNK, 8 * CHUNK)
 #: The same under TRITON_INTERPRET=1, where each program step is a NumPy call: large tiles
 #: keep it fast. Tests also run the interpreter with RANK_TILES.
-INTERPRET_RANK_TILES = (8 * CHUNK, CHUNK)
+INTERPRET_RANK_TILES = (8 * CHUNK, 8 * CHUNK)
 
 _INT32_MAX = tl.constexpr(2**31 - 1)
+#: Feature path: rows of a partial loaded at once after its first (a partial has up to CHUNK).
+_FEATURE_BATCH = tl.constexpr(4)
 
 # The workspace: int32 arrays of n at these multiples of n, then the long-run counter and list.
 _KEYS = tl.constexpr(0)  # keys in sorted order
@@ -237,44 +240,51 @@ def _rank_kernel(
     n,  # number of tokens
     num_embeddings,  # V
     padding_idx,  # id that adds nothing, or -1
-    CHUNK_SIZE: tl.constexpr,  # positions per feature-path chunk (== BLOCK_J)
-    BLOCK_I: tl.constexpr,  # tokens ranked per program (a multiple of BLOCK_J)
-    BLOCK_J: tl.constexpr,  # tokens compared per step
+    CHUNK_SIZE: tl.constexpr,  # positions per feature-path chunk
+    BLOCK_I: tl.constexpr,  # tokens ranked per program (a multiple of CHUNK_SIZE)
+    BLOCK_J: tl.constexpr,  # tokens compared per step (a multiple of CHUNK_SIZE)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
-    """Feature path: each token's slot by counting the tokens that sort before it, and partial_ord."""
+    """Feature path: each token's slot by counting the tokens that sort before it, and partial_ord.
+
+    Steps of BLOCK_J tokens, seen as [BLOCK_J // CHUNK_SIZE, CHUNK_SIZE] so that each step also
+    counts the earlier chunks that hold a token's key; program starts (multiples of
+    CHUNK_SIZE) never split a chunk, so a chunk is wholly before a program's tokens or not.
+    """
     _pdl_enter(PDL)
+    CHUNKS: tl.constexpr = BLOCK_J // CHUNK_SIZE
     i0 = tl.program_id(0) * BLOCK_I
     i = i0 + tl.arange(0, BLOCK_I)
     live_i = i < n
     key_i = _load_keys(ids_ptr, i, live_i, num_embeddings, padding_idx)
-    before = tl.zeros([BLOCK_I, BLOCK_J], dtype=tl.int32)  # counts of tokens that sort before i
+    k3 = key_i[:, None, None]
+    offsets = tl.reshape(tl.arange(0, BLOCK_J), [CHUNKS, CHUNK_SIZE])
+    before = tl.zeros([BLOCK_I], dtype=tl.int32)  # tokens that sort before i
     chunks = tl.zeros([BLOCK_I], dtype=tl.int32)  # earlier chunks holding i's key
-    # Tokens at earlier positions sort before i when their key is <= key_i.
+    # Tokens at earlier positions sort before i when their key is <= key_i. Past i0: INT32_MAX.
     for j0 in range(0, i0, BLOCK_J):
-        j = j0 + tl.arange(0, BLOCK_J)
-        key_j = _load_keys(ids_ptr, j, j < n, num_embeddings, padding_idx)
-        before += (key_j[None, :] <= key_i[:, None]).to(tl.int32)
-        chunks += tl.max((key_j[None, :] == key_i[:, None]).to(tl.int32), axis=1)
-    # Inside the block, ties go by position.
-    for j0 in tl.static_range(0, BLOCK_I, BLOCK_J):
-        j = i0 + j0 + tl.arange(0, BLOCK_J)
+        j3 = j0 + offsets
+        key_j3 = _load_keys(ids_ptr, j3, j3 < i0, num_embeddings, padding_idx)[None, :, :]
+        before += tl.sum(tl.sum((key_j3 <= k3).to(tl.int32), axis=2), axis=1)
+        chunks += tl.sum(tl.max((key_j3 == k3).to(tl.int32), axis=2), axis=1)
+    # Inside the block, ties go by position: chunk by chunk.
+    for c0 in tl.static_range(0, BLOCK_I, CHUNK_SIZE):
+        j = i0 + c0 + tl.arange(0, CHUNK_SIZE)
         live_j = j < n
         key_j = _load_keys(ids_ptr, j, live_j, num_embeddings, padding_idx)
         same = (key_j[None, :] == key_i[:, None]) & live_j[None, :]
         first = (key_j[None, :] < key_i[:, None]) | (same & (j[None, :] < i[:, None]))
-        before += (first & live_j[None, :]).to(tl.int32)
-        earlier_chunk = (i0 + j0) // CHUNK_SIZE < i // CHUNK_SIZE
+        before += tl.sum((first & live_j[None, :]).to(tl.int32), axis=1)
+        earlier_chunk = (i0 + c0) // CHUNK_SIZE < i // CHUNK_SIZE
         chunks += tl.where(earlier_chunk, tl.max(same.to(tl.int32), axis=1), 0)
-    # Tokens at later positions sort before i when their key is < key_i (padding keys are INT32_MAX).
+    # Tokens at later positions sort before i when their key is < key_i (past n: INT32_MAX).
     for j0 in range(i0 + BLOCK_I, n, BLOCK_J):
-        j = j0 + tl.arange(0, BLOCK_J)
-        key_j = _load_keys(ids_ptr, j, j < n, num_embeddings, padding_idx)
-        before += (key_j[None, :] < key_i[:, None]).to(tl.int32)
-    rank = tl.sum(before, axis=1)
-    tl.store(ws_ptr + _KEYS * n + rank, key_i, mask=live_i)
-    tl.store(ws_ptr + _POS * n + rank, i, mask=live_i)
-    tl.store(ws_ptr + _AUX * n + rank, chunks, mask=live_i)
+        j3 = j0 + offsets
+        key_j3 = _load_keys(ids_ptr, j3, j3 < n, num_embeddings, padding_idx)[None, :, :]
+        before += tl.sum(tl.sum((key_j3 < k3).to(tl.int32), axis=2), axis=1)
+    tl.store(ws_ptr + _KEYS * n + before, key_i, mask=live_i)
+    tl.store(ws_ptr + _POS * n + before, i, mask=live_i)
+    tl.store(ws_ptr + _AUX * n + before, chunks, mask=live_i)
 
 
 @triton.jit
@@ -417,13 +427,16 @@ def _partial(
         prev_chunk = tl.load(pos_ptr + s - 1, mask=s > run_start, other=-CHUNK_SIZE) // CHUNK_SIZE
         active = (key >= 0) & (is_first | (prev_chunk != chunk))
         k = tl.load(ws_ptr + _AUX * n + s)
-        count = 0
-        for t in tl.static_range(SPAN):
-            slot = s + t
-            key_t = tl.load(keys_ptr + slot, mask=slot < n, other=-2)
-            pos_t = tl.load(pos_ptr + slot, mask=slot < n, other=0)
-            count += ((key_t == key) & (pos_t // CHUNK_SIZE == chunk)).to(tl.int32)
-        is_last = tl.load(keys_ptr + s + count, mask=s + count < n, other=-2) != key
+        # The partial's slots are s .. s + nrows - 1: sorted by (key, position), a chunk's
+        # tokens of one key are consecutive. One vector load of the next SPAN keys and
+        # positions (a lane each) counts them and finds the key after them.
+        t = tl.arange(0, SPAN)
+        key_t = tl.load(keys_ptr + s + t, mask=s + t < n, other=-2)
+        pos_t = tl.load(pos_ptr + s + t, mask=s + t < n, other=0)
+        nrows = tl.sum(((key_t == key) & (pos_t // CHUNK_SIZE == chunk)).to(tl.int32), axis=0)
+        after = tl.sum(tl.where(t == nrows, key_t, 0), axis=0)  # the key of slot s + nrows, if nrows < SPAN
+        beyond = tl.load(keys_ptr + s + SPAN, mask=s + SPAN < n, other=-2)  # if nrows == SPAN
+        is_last = tl.where(nrows < SPAN, after, beyond) != key
     else:
         chunk = 0
         active = (key >= 0) & ((s - run_start) % SPAN == 0)
@@ -439,15 +452,18 @@ def _partial(
         # cols < (flag ? H : 0), not live_h & flag: the interpreter mistypes scalar & vector masks.
         old = tl.load(main_row + cols, mask=cols < tl.where(finish, hidden, 0), other=0.0).to(tl.float32)
         if FEATURE_PATH:
-            acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-            for t in tl.static_range(SPAN):
-                slot = s + t
-                key_t = tl.load(keys_ptr + slot, mask=slot < n, other=-2)
-                pos_t = tl.load(pos_ptr + slot, mask=slot < n, other=0)
-                mine = (key_t == key) & (pos_t // CHUNK_SIZE == chunk)
-                grad_row = _grad_row(pos_t, grad_dim1, grad_stride0, grad_stride1)
-                g = tl.load(grad_ptr + grad_row + cols * grad_stride_h, mask=cols < tl.where(mine, hidden, 0), other=0.0)
-                acc += g.to(tl.float32)  # acc is never -0, so adding +0 for a row not taken leaves it
+            grad_row = _grad_row(pos0, grad_dim1, grad_stride0, grad_stride1)
+            g = tl.load(grad_ptr + grad_row + cols * grad_stride_h, mask=cols < hidden, other=0.0)
+            acc = tl.zeros([BLOCK_H], dtype=tl.float32) + g.to(tl.float32)  # 0 + row: -0 becomes +0, as in PyTorch
+            # The other rows _FEATURE_BATCH at a time, in order; their positions come out of
+            # pos_t (a reduction across the warp's lanes, cheaper than a load).
+            for t0 in range(1, nrows, _FEATURE_BATCH):
+                for u in tl.static_range(_FEATURE_BATCH):
+                    take = t0 + u < nrows
+                    pos_u = tl.sum(tl.where(t == t0 + u, pos_t, 0), axis=0)
+                    grad_row = _grad_row(pos_u, grad_dim1, grad_stride0, grad_stride1)
+                    g = tl.load(grad_ptr + grad_row + cols * grad_stride_h, mask=cols < tl.where(take, hidden, 0), other=0.0)
+                    acc += g.to(tl.float32)  # acc is never -0, so adding +0 for a row not taken leaves it
             gw = _round(acc, GRAD_ROUNDING)
         else:
             grad_row = _grad_row(pos0, grad_dim1, grad_stride0, grad_stride1)
@@ -726,8 +742,8 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
         )
         return plan
     if cfg.sort == "rank":
-        if cfg.block_i % cfg.block_j or cfg.block_j != CHUNK:
-            raise ValueError(f"rank tiles ({cfg.block_i=}, {cfg.block_j=}) must have block_i % block_j == 0 and block_j == {CHUNK}")
+        if cfg.block_i % CHUNK or cfg.block_j % CHUNK:
+            raise ValueError(f"rank tiles ({cfg.block_i=}, {cfg.block_j=}) must be multiples of {CHUNK}")
         launch(_rank_kernel, (triton.cdiv(n, cfg.block_i),), keys_args, 4, pdl=cfg.pdl, CHUNK_SIZE=CHUNK, BLOCK_I=cfg.block_i, BLOCK_J=cfg.block_j)
     else:
         keep = (ids >= 0) & (ids < problem.num_embeddings) & (ids != problem.padding_idx)
