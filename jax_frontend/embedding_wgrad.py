@@ -128,6 +128,9 @@ def _load_keys(ids_ref, start, size: int, *, n: int, num_embeddings: int, paddin
     return pos, _keys(ids, num_embeddings, padding_idx)
 
 
+#: Feature path: rows of a partial loaded at once after its first (as the torch twin).
+FEATURE_BATCH = 4
+
 #: Fields of a record (flat int32 array of REC_FIELDS per partial): slot, key, position, run
 #: start, run end, three unused (a record fills one 32-byte sector).
 REC_FIELDS = 8
@@ -414,17 +417,23 @@ def _partials_kernel(
         row_block = pl.ds(hb * block_h, block_h)
         is_first = s == run_start
 
-        def slot_indices(t):  # key and position of slot s + t; -2 and 0 past n
-            slot = s + t
-            key_t = plgpu.load(sorted_keys_ref.at[slot], mask=slot < n, other=-2)
-            return key_t, plgpu.load(sorted_pos_ref.at[slot], mask=slot < n, other=0)
-
         if feature:
-            spanned = [slot_indices(t) for t in range(span)] if unroll else None
             chunk = pos0 // CHUNK
             prev_chunk = plgpu.load(sorted_pos_ref.at[s - 1], mask=s > run_start, other=-CHUNK) // CHUNK
             k = partial_ord_ref[s]
             active = (key >= 0) & (is_first | (prev_chunk != chunk))
+            # The partial's slots are s .. s + nrows - 1 (a chunk's tokens of one key are
+            # consecutive in sorted order): one vector load of the next span keys and positions
+            # counts them and finds the key after them (as the torch twin).
+            t = lax.iota(jnp.int32, span)
+            inside = s + t < n
+            spanned = jnp.where(inside, s + t, s)  # masked lanes still need an address in interpret mode
+            key_v = plgpu.load(sorted_keys_ref.at[spanned], mask=inside, other=-2)
+            pos_v = plgpu.load(sorted_pos_ref.at[spanned], mask=inside, other=0)
+            nrows = jnp.sum(((key_v == key) & (pos_v // CHUNK == chunk)).astype(jnp.int32))
+            after = jnp.sum(jnp.where(t == nrows, key_v, 0))  # the key of slot s + nrows, if nrows < span
+            beyond = plgpu.load(sorted_keys_ref.at[jnp.where(s + span < n, s + span, s)], mask=s + span < n, other=-2)
+            is_last = jnp.where(nrows < span, after, beyond) != key
         else:
             k = (s - run_start) // NROWS
             active = (key >= 0) & ((s - run_start) % NROWS == 0)  # always, for a record
@@ -455,22 +464,19 @@ def _partials_kernel(
 
             @pl.when(active)
             def _():
-                def add_slot(key_t, pos_t, sums):  # (acc, count) after slot s + t, rows in slot order
-                    acc, count = sums
-                    mine = (key_t == key) & (pos_t // CHUNK == chunk)
-                    return add_row(pos_t, mine, acc), count + mine.astype(jnp.int32)
+                finish = is_first & is_last
+                old = load_old(finish)
+                acc = add_row(pos0, True, jnp.zeros((block_h,), jnp.float32))  # 0 + row: -0 becomes +0
 
-                sums = (jnp.zeros((block_h,), jnp.float32), jnp.int32(0))
-                if unroll:
-                    for key_t, pos_t in spanned:
-                        sums = add_slot(key_t, pos_t, sums)
-                else:
-                    sums = lax.fori_loop(0, span, lambda t, sums: add_slot(*slot_indices(t), sums), sums)
-                acc, count = sums
-                after = s + count  # the chunk's last slot is known only now
-                last = plgpu.load(sorted_keys_ref.at[after], mask=after < n, other=-2) != key
+                def add_batch(b, acc):  # the other rows FEATURE_BATCH at a time, in order; positions out of pos_v
+                    for u in range(FEATURE_BATCH):
+                        r = 1 + b * FEATURE_BATCH + u
+                        acc = add_row(jnp.sum(jnp.where(t == r, pos_v, 0)), r < nrows, acc)
+                    return acc
+
+                acc = lax.fori_loop(0, (nrows - 1 + FEATURE_BATCH - 1) // FEATURE_BATCH, add_batch, acc)
                 # A run of one partial: +0 + round(s) rounds to round(s).
-                write(acc, _round(acc, grad_dtype), load_old(is_first & last), is_first & last, last)
+                write(acc, _round(acc, grad_dtype), old, finish, is_last)
 
             return
 
