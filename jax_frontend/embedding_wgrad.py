@@ -77,7 +77,7 @@ from embwgrad_core.validate import Problem, check_args
 
 #: (block_i, block_j) of _rank_kernel in interpret mode, where every program step is an XLA:CPU
 #: loop iteration: large tiles keep it fast. Tests shrink them to cross tile boundaries.
-INTERPRET_RANK_TILES = {SORT: (256, 256), FEATURE: (8 * CHUNK, CHUNK)}
+INTERPRET_RANK_TILES = {SORT: (256, 256), FEATURE: (8 * CHUNK, 8 * CHUNK)}
 
 #: Up to this many tokens the sort path sorts with the merge-rank kernels, above it with
 #: lax.sort: the embwgrad_core threshold (MERGE_SORT_MAX_TOKENS), lowered because the Pallas
@@ -273,45 +273,53 @@ def _rank_kernel(
     n: int,
     num_embeddings: int,  # V
     padding_idx: int,  # id that adds nothing, or -1
-    block_i: int,  # tokens ranked per program (a multiple of block_j)
-    block_j: int,  # tokens compared per step (CHUNK on the feature path)
+    block_i: int,  # tokens ranked per program (feature path: a multiple of CHUNK; sort path: of block_j)
+    block_j: int,  # tokens compared per step (feature path: a multiple of CHUNK)
 ):
+    """Each token's slot by counting the tokens that sort before it; on the feature path also partial_ord.
+
+    Feature path: a step of block_j tokens is seen as [block_j // CHUNK, CHUNK] to count the
+    earlier chunks holding a token's key; program starts (multiples of CHUNK) never split a
+    chunk, so a chunk lies wholly before a program's tokens or not (as the torch twin).
+    """
     feature = partial_ord_ref is not None
     load = functools.partial(_load_keys, ids_ref, n=n, num_embeddings=num_embeddings, padding_idx=padding_idx)
     i0 = pl.program_id(0) * block_i
     i, key_i = load(i0, block_i)
     live_i = i < n
-    start = (jnp.zeros((block_i, block_j), jnp.int32), jnp.zeros((block_i,), jnp.int32))
+    start = (jnp.zeros((block_i,), jnp.int32), jnp.zeros((block_i,), jnp.int32))
 
     def earlier(step, carry):  # tokens at earlier positions sort before i when their key is <= key_i
         before, chunks = carry
-        _, key_j = load(step * block_j, block_j)
-        before += (key_j[None, :] <= key_i[:, None]).astype(jnp.int32)
-        if feature:  # block_j == CHUNK: this block is one earlier chunk
-            chunks += jnp.max((key_j[None, :] == key_i[:, None]).astype(jnp.int32), axis=1)
+        j, key_j = load(step * block_j, block_j)
+        key_j = jnp.where(j < i0, key_j, _INT32_MAX)
+        before += jnp.sum((key_j[None, :] <= key_i[:, None]).astype(jnp.int32), axis=1, dtype=jnp.int32)
+        if feature:  # every whole chunk of this step lies before i0 or not at all
+            same = (key_j[None, :] == key_i[:, None]).astype(jnp.int32).reshape(block_i, block_j // CHUNK, CHUNK)
+            chunks += jnp.sum(jnp.max(same, axis=2), axis=1, dtype=jnp.int32)
         return before, chunks
 
-    before, chunks = lax.fori_loop(0, i0 // block_j, earlier, start)
-    for j0 in range(0, block_i, block_j):  # inside the block, ties go by position
-        j, key_j = load(i0 + j0, block_j)
+    before, chunks = lax.fori_loop(0, (i0 + block_j - 1) // block_j, earlier, start)
+    diag = CHUNK if feature else block_j
+    for j0 in range(0, block_i, diag):  # inside the block, ties go by position
+        j, key_j = load(i0 + j0, diag)
         live_j = (j < n)[None, :]
         same = (key_j[None, :] == key_i[:, None]) & live_j
         first = (key_j[None, :] < key_i[:, None]) | (same & (j[None, :] < i[:, None]))
-        before += (first & live_j).astype(jnp.int32)
+        before += jnp.sum((first & live_j).astype(jnp.int32), axis=1, dtype=jnp.int32)
         if feature:
             earlier_chunk = (i0 + j0) // CHUNK < i // CHUNK
             chunks += jnp.where(earlier_chunk, jnp.max(same.astype(jnp.int32), axis=1), 0)
 
     def later(step, before):  # tokens at later positions sort before i when their key is < key_i
-        j, key_j = load(step * block_j, block_j)
+        j, key_j = load(i0 + block_i + step * block_j, block_j)
         key_j = jnp.where(j < n, key_j, _INT32_MAX)
-        return before + (key_j[None, :] < key_i[:, None]).astype(jnp.int32)
+        return before + jnp.sum((key_j[None, :] < key_i[:, None]).astype(jnp.int32), axis=1, dtype=jnp.int32)
 
-    before = lax.fori_loop((i0 + block_i) // block_j, pl.cdiv(n, block_j), later, before)
-    rank = jnp.sum(before, axis=1, dtype=jnp.int32)
+    before = lax.fori_loop(0, (jnp.maximum(n - i0 - block_i, 0) + block_j - 1) // block_j, later, before)
     # Lanes past n scatter past the end: interpret mode writes masked lanes back with their old
     # value, which would race with a live lane's write to the same slot.
-    slot = jnp.where(live_i, rank, i)
+    slot = jnp.where(live_i, before, i)
     plgpu.store(sorted_keys_ref.at[slot], key_i, mask=live_i)
     plgpu.store(sorted_pos_ref.at[slot], i, mask=live_i)
     if feature:
@@ -430,8 +438,8 @@ def _partials_kernel(
             spanned = jnp.where(inside, s + t, s)  # masked lanes still need an address in interpret mode
             key_v = plgpu.load(sorted_keys_ref.at[spanned], mask=inside, other=-2)
             pos_v = plgpu.load(sorted_pos_ref.at[spanned], mask=inside, other=0)
-            nrows = jnp.sum(((key_v == key) & (pos_v // CHUNK == chunk)).astype(jnp.int32))
-            after = jnp.sum(jnp.where(t == nrows, key_v, 0))  # the key of slot s + nrows, if nrows < span
+            nrows = jnp.sum(((key_v == key) & (pos_v // CHUNK == chunk)).astype(jnp.int32), dtype=jnp.int32)
+            after = jnp.sum(jnp.where(t == nrows, key_v, 0), dtype=jnp.int32)  # the key of slot s + nrows, if nrows < span
             beyond = plgpu.load(sorted_keys_ref.at[jnp.where(s + span < n, s + span, s)], mask=s + span < n, other=-2)
             is_last = jnp.where(nrows < span, after, beyond) != key
         else:
@@ -471,7 +479,7 @@ def _partials_kernel(
                 def add_batch(b, acc):  # the other rows FEATURE_BATCH at a time, in order; positions out of pos_v
                     for u in range(FEATURE_BATCH):
                         r = 1 + b * FEATURE_BATCH + u
-                        acc = add_row(jnp.sum(jnp.where(t == r, pos_v, 0)), r < nrows, acc)
+                        acc = add_row(jnp.sum(jnp.where(t == r, pos_v, 0), dtype=jnp.int32), r < nrows, acc)
                     return acc
 
                 acc = lax.fori_loop(0, (nrows - 1 + FEATURE_BATCH - 1) // FEATURE_BATCH, add_batch, acc)
@@ -653,7 +661,7 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         partial_programs = 8  # several records each
     else:
         partial_programs = PARTIAL_PROGRAMS_PER_SM * _gpu_sms()
-        block_i, block_j = (64, CHUNK) if feature else (128, 64)  # block_i a multiple of block_j
+        block_i, block_j = (CHUNK, 8 * CHUNK) if feature else (128, 64)  # as the torch twin on the feature path
         block_h = min(1024, pl.next_power_of_2(hidden))
         long_block_h = min(128, block_h)
         # As the torch twin: 64 programs along the run list for small n, up to 4096 in all.
@@ -687,8 +695,8 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
     sorts = (MERGE, RANK, PACKED, PAIRS)
     if cfg.sort not in sorts or (feature and cfg.sort != RANK):
         raise ValueError(f"sort={cfg.sort!r} must be {RANK!r} on the feature path, else one of {sorts}")
-    if cfg.block_i % cfg.block_j or (feature and cfg.block_j != CHUNK):
-        raise ValueError(f"block_i={cfg.block_i} must be a multiple of block_j={cfg.block_j} (CHUNK on the feature path)")
+    if (cfg.block_i % CHUNK or cfg.block_j % CHUNK) if feature else cfg.block_i % cfg.block_j:
+        raise ValueError(f"block_i={cfg.block_i} must be a multiple of block_j={cfg.block_j} (feature path: both multiples of {CHUNK})")
     powers = {f: getattr(cfg, f) for f in ("merge_block", "merge_block_i", "merge_tile", "merge_blocks", "merge_u")}
     if any(v < 1 or v & (v - 1) for v in powers.values()):
         raise ValueError(f"{powers} must all be powers of two")

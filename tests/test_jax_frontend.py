@@ -165,6 +165,7 @@ STAGE_ROUTES = {
     "sort-packed": (SORT, (("sort", ew.PACKED), ("prefetch", False))),
     "sort-pairs": (SORT, (("sort", ew.PAIRS), ("partial_programs", 3))),
     "feature-rank": (FEATURE, (("block_i", 64), ("block_j", 32), ("unroll", True), ("long_batch", 3))),
+    "feature-rank-wide-steps": (FEATURE, (("block_i", 32), ("block_j", 128))),
 }
 
 
