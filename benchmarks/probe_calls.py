@@ -22,12 +22,9 @@ SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is
 #: name -> _Config fields to override
 VARIANTS = {
     "default": {},
-    "no-prefetch": dict(prefetch=False),
-    "no-pdl": dict(pdl=False),
-    "p64": dict(partial_programs=64 * SMS),
-    "one program per item": dict(partial_programs=10**9),
-    "maxnreg 128": dict(partial_maxnreg=128),
-    "h512": dict(block_h=512),
+    "long programs 16": dict(long_programs=16),
+    "long programs 32": dict(long_programs=32),
+    "long 256 columns": dict(long_block_h=256),
 }
 POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform"), (32768, "zipf")]
 
