@@ -72,8 +72,10 @@ _RUN_END = tl.constexpr(5)  # one past the last slot of each slot's run
 # position, run start, run end. _partials_kernel's programs stride this list.
 _REC = tl.constexpr(6)
 _REC_FIELDS = tl.constexpr(8)  # five used; eight keep a record in one 32-byte sector
-# From _LONG * n: [0] long-run counter, [1] record counter, then [2 * max_long_runs] (run start, partials) pairs.
+# From _LONG * n, _HEADER counters: [0] long runs listed, [1] records appended; then
+# [2 * max_long_runs] (run start, partials) pairs.
 _LONG = tl.constexpr(_REC.value + _REC_FIELDS.value)
+_HEADER = tl.constexpr(2)
 _WORKSPACE_ARRAYS = _LONG.value
 
 
@@ -180,7 +182,7 @@ def _block_sort_kernel(
     tl.store(ws_ptr + _AUX * n + rank, key_i, mask=live)
     tl.store(ws_ptr + _AUX2 * n + rank, i, mask=live)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
-        tl.store(ws_ptr + _LONG * n + tl.arange(0, 2), tl.zeros([2], dtype=tl.int32))  # both counters
+        tl.store(ws_ptr + _LONG * n + tl.arange(0, _HEADER), tl.zeros([_HEADER], dtype=tl.int32))  # the counters
 
 
 @triton.jit
@@ -485,8 +487,8 @@ def _partial(
         tl.store(partials_ptr + row.to(tl.int64) * hidden + cols, acc, mask=cols < tl.where(in_long_run, hidden, 0))
     if in_long_run & is_last & (my_hb == 0):
         entry = tl.atomic_add(ws_ptr + _LONG * n, 1)
-        tl.store(ws_ptr + _LONG * n + 2 + 2 * entry, run_start)
-        tl.store(ws_ptr + _LONG * n + 3 + 2 * entry, k + 1)
+        tl.store(ws_ptr + _LONG * n + _HEADER + 2 * entry, run_start)
+        tl.store(ws_ptr + _LONG * n + _HEADER + 1 + 2 * entry, k + 1)
 
 
 @triton.jit
@@ -510,8 +512,8 @@ def _long_runs_kernel(
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     live_h = cols < hidden
     for e in range(tl.program_id(0), tl.load(ws_ptr + _LONG * n), tl.num_programs(0)):
-        run_start = tl.load(ws_ptr + _LONG * n + 2 + 2 * e)
-        num_partials = tl.load(ws_ptr + _LONG * n + 3 + 2 * e)
+        run_start = tl.load(ws_ptr + _LONG * n + _HEADER + 2 * e)
+        num_partials = tl.load(ws_ptr + _LONG * n + _HEADER + 1 + 2 * e)
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         acc = tl.zeros([BLOCK_H], dtype=tl.float32)
         # BATCH partials' loads are in flight at once; the adds stay one at a time, in order.
@@ -694,7 +696,7 @@ def _position_strides(grad: torch.Tensor):
 class _Plan:
     """The plan on the device: one int32 workspace (embwgrad_core.plan names each piece)."""
 
-    workspace: torch.Tensor  # [_WORKSPACE_ARRAYS * n + 2 + 2 * max_long_runs]
+    workspace: torch.Tensor  # [_WORKSPACE_ARRAYS * n + _HEADER + 2 * max_long_runs]
     n: int
 
     def _array(self, index: int) -> torch.Tensor:
@@ -709,14 +711,14 @@ class _Plan:
     records = property(lambda self: self.workspace[_REC.value * self.n : _LONG.value * self.n].view(self.n, _REC_FIELDS.value))
     record_count = property(lambda self: self.workspace[_LONG.value * self.n + 1])
     long_count = property(lambda self: self.workspace[_LONG.value * self.n])
-    long_runs = property(lambda self: self.workspace[_LONG.value * self.n + 2 :])
+    long_runs = property(lambda self: self.workspace[_LONG.value * self.n + _HEADER.value :])
 
 
 def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
     """Stages 1 and 2: sort the tokens by key and find every slot's run start and end."""
     launch = launch or _Launcher()
     n = problem.num_tokens
-    ws = torch.empty(_WORKSPACE_ARRAYS * n + 2 + 2 * cfg.max_long_runs, dtype=torch.int32, device=ids.device)
+    ws = torch.empty(_WORKSPACE_ARRAYS * n + _HEADER.value + 2 * cfg.max_long_runs, dtype=torch.int32, device=ids.device)
     plan = _Plan(ws, n)
     keys_args = (ids, ws, n, problem.num_embeddings, problem.padding_idx)
     if cfg.sort == "merge":
@@ -753,7 +755,7 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
         keys, order = torch.sort(torch.where(keep, ids, -1).to(torch.int32), stable=True)
         plan.sorted_keys.copy_(keys)
         plan.sorted_pos.copy_(order)
-        ws[_LONG.value * n : _LONG.value * n + 2].zero_()  # the counters, before the runs kernel appends records
+        ws[_LONG.value * n : _LONG.value * n + _HEADER.value].zero_()  # the counters, before the runs kernel appends records
     span = 0 if cfg.path == FEATURE else NROWS
     launch(_runs_kernel, (triton.cdiv(n, cfg.runs_block),), (ws, n, n.bit_length()), 4, pdl=cfg.pdl, BLOCK=cfg.runs_block, SPAN=span)
     return plan
