@@ -8,6 +8,8 @@ On a CPU it runs the kernels under TRITON_INTERPRET=1 at a small shape (exactnes
 interpreter times say nothing about a GPU).
 """
 
+import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -48,6 +50,22 @@ def graph_ms(fn) -> float:
     with torch.cuda.graph(graph):
         fn()
     return median_ms(graph.replay)
+
+
+@contextlib.contextmanager
+def config_overrides(**fields):
+    """Inside, torch_frontend calls run with these _Config fields replaced (for the probes).
+
+    The launches recorded for replay belong to a config, so they are dropped on the way in and out.
+    """
+    original = ew._config
+    ew._config = lambda *a, **k: dataclasses.replace(original(*a, **k), **fields)
+    ew._CALLS.clear()
+    try:
+        yield
+    finally:
+        ew._config = original
+        ew._CALLS.clear()
 
 
 def copy_bandwidth() -> float:

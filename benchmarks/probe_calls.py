@@ -7,16 +7,14 @@ one call in a CUDA graph (the GPU's time) and eagerly (host launch cost included
     python benchmarks/probe_calls.py p64,p128   (those named)
 """
 
-import dataclasses
 import sys
 
 import torch
-from bench_torch import copy_bandwidth, dense_expected, graph_ms, median_ms, same_bits
+from bench_torch import config_overrides, copy_bandwidth, dense_expected, graph_ms, median_ms, same_bits
 from common import floor_bytes, ids_for
 
 import torch_frontend
 from tests.cases import REAL_H, REAL_V
-from torch_frontend import embedding_wgrad as ew
 
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 #: name -> _Config fields to override
@@ -31,33 +29,26 @@ POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform
 
 def main(argv):
     only = argv[0].split(",") if argv else list(VARIANTS)
-    original = ew._config.__wrapped__
     torch.manual_seed(0)
     main_grad = torch.randn(REAL_V, REAL_H, device="cuda")
     bw = copy_bandwidth()
     results = {}
-    try:
-        for n, dist in POINTS:
-            grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
-            ids_np = ids_for(dist, n, REAL_V)
-            ids = torch.from_numpy(ids_np).cuda()
-            expected = dense_expected(ids, grad, main_grad)
-            floor = floor_bytes(ids_np, REAL_H) / bw * 1e3
-            for name in only:
-                over = VARIANTS[name]
-                ew._config = lambda *a, over=over, **k: dataclasses.replace(original(*a, **k), **over)
-                ew._CALLS.clear()  # recorded launches belong to a config
+    for n, dist in POINTS:
+        grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
+        ids_np = ids_for(dist, n, REAL_V)
+        ids = torch.from_numpy(ids_np).cuda()
+        expected = dense_expected(ids, grad, main_grad)
+        floor = floor_bytes(ids_np, REAL_H) / bw * 1e3
+        for name in only:
+            with config_overrides(**VARIANTS[name]):
                 work = main_grad.clone()
                 torch_frontend.accumulate(ids, grad, work)
                 exact = same_bits(work, expected)
                 graph = graph_ms(lambda work=work: torch_frontend.accumulate(ids, grad, work)) * 1e3
                 eager = median_ms(lambda work=work: torch_frontend.accumulate(ids, grad, work)) * 1e3
                 del work
-                results[(n, dist, name)] = (graph, exact)
-                print(f"n={n:6d} {dist:7s} {name:22s} graph {graph:8.1f} us  eager {eager:8.1f} us  floor {floor:7.1f} us  exact={exact}", flush=True)
-    finally:
-        ew._config = original
-        ew._CALLS.clear()
+            results[(n, dist, name)] = (graph, exact)
+            print(f"n={n:6d} {dist:7s} {name:22s} graph {graph:8.1f} us  eager {eager:8.1f} us  floor {floor:7.1f} us  exact={exact}", flush=True)
     print("| variant (graph, us) | " + " | ".join(f"{n} {d}" for n, d in POINTS) + " |")
     print("|---" * (len(POINTS) + 1) + "|")
     for name in only:

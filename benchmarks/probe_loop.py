@@ -4,29 +4,25 @@ events around the loop, host time per call from the launch loop, under _Config v
     python benchmarks/probe_loop.py
 """
 
-import dataclasses
 import time
 
 import torch
+from bench_torch import config_overrides
 from common import ids_for
 
 import torch_frontend
 from tests.cases import REAL_H, REAL_V
-from torch_frontend import embedding_wgrad as ew
 
 VARIANTS = {"default": {}, "no-pdl": dict(pdl=False)}
 
 
 def main():
-    original = ew._config.__wrapped__
     main_grad = torch.randn(REAL_V, REAL_H, device="cuda")
-    try:
-        for n, dist in ((1024, "uniform"), (4096, "uniform"), (8192, "uniform"), (8192, "zipf")):
-            grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
-            ids = torch.from_numpy(ids_for(dist, n, REAL_V)).cuda()
-            for name, over in VARIANTS.items():
-                ew._config = lambda *a, over=over, **k: dataclasses.replace(original(*a, **k), **over)
-                ew._CALLS.clear()
+    for n, dist in ((1024, "uniform"), (4096, "uniform"), (8192, "uniform"), (8192, "zipf")):
+        grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
+        ids = torch.from_numpy(ids_for(dist, n, REAL_V)).cuda()
+        for name, over in VARIANTS.items():
+            with config_overrides(**over):
                 for _ in range(20):
                     torch_frontend.accumulate(ids, grad, main_grad)
                 torch.cuda.synchronize()
@@ -48,11 +44,7 @@ def main():
                 end.record()
                 torch.cuda.synchronize()
                 ahead = start.elapsed_time(end) / 200 * 1e3
-                print(f"n={n:5d} {dist:7s} {name:8s} host {host:6.1f} us/call  gpu(loop) {gpu:6.1f}  gpu(host ahead) {ahead:6.1f}", flush=True)
-    finally:
-        ew._config = original
-        ew._CALLS.clear()
-
+            print(f"n={n:5d} {dist:7s} {name:8s} host {host:6.1f} us/call  gpu(loop) {gpu:6.1f}  gpu(host ahead) {ahead:6.1f}", flush=True)
 
 if __name__ == "__main__":
     main()
