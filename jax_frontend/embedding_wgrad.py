@@ -7,10 +7,10 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
    JAX_MERGE_MAX_TOKENS: ``_block_sort_kernel`` sorts blocks of merge_block(n) tokens by
    counting, then ``_merge_rank_kernel`` ranks every token in each other block by binary
    search and writes the sorted keys, positions, run starts and run ends (embwgrad_core.merge_ranks is
-   the model; about 10 us for 8192 tokens for the torch twin, against about 50 us for XLA's
-   sort). Above it ``lax.sort`` (see ``_sort``), where XLA uses CUB's radix sort and the grad
-   bytes dwarf it. Feature path: ``_rank_kernel`` ranks each token by counting the tokens
-   that sort before it, which also gives every token its chunk's ordinal within its run.
+   the model; about 10 us for 8192 tokens, against about 50 us for XLA's sort). Above it
+   ``lax.sort`` (see ``_sort``), where XLA uses CUB's radix sort and the grad bytes dwarf it.
+   Feature path: ``_rank_kernel`` ranks each token by counting the tokens that sort before
+   it, which also gives every token its chunk's ordinal within its run.
 2. (lax.sort and the feature path) ``_runs_kernel`` finds every slot's run start and end by
    binary search. On the sort path the kernel that finds a slot's run (merge rank or runs)
    also appends a record for each slot that starts a partial: slot, key, position, run start,
@@ -80,12 +80,11 @@ from embwgrad_core.validate import Problem, check_args
 INTERPRET_RANK_TILES = {SORT: (256, 256), FEATURE: (8 * CHUNK, 8 * CHUNK)}
 
 #: Up to this many tokens the sort path sorts with the merge-rank kernels, above it with
-#: lax.sort: the embwgrad_core threshold (MERGE_SORT_MAX_TOKENS), lowered because the Pallas
-#: merge kernels ran several times slower than their Triton twins on the H200, though they
-#: compile to the same code with pip Triton (benchmarks/NOTES.md). Whole calls: 8192 tokens
-#: 0.187 ms merged against 0.218 ms with lax.sort; 16384 tokens 0.449 against 0.390; 32768
-#: tokens 0.878 against 0.686.
-JAX_MERGE_MAX_TOKENS = min(MERGE_SORT_MAX_TOKENS, 8192)
+#: lax.sort: the embwgrad_core threshold, as in the torch twin. (It was 8192 until the merge
+#: kernels' lanes were laid out tokens-last; whole calls on the H200 with the merge kernels
+#: against lax.sort: 16384 uniform 0.331 against 0.371 ms, 32768 uniform 0.608 against 0.633,
+#: 32768 Zipf 0.363 against 0.388; benchmarks/NOTES.md v6.)
+JAX_MERGE_MAX_TOKENS = MERGE_SORT_MAX_TOKENS
 
 #: The ways to sort (_Config.sort).
 MERGE, RANK, PACKED, PAIRS = "merge", "rank", "packed", "pairs"
@@ -222,20 +221,26 @@ def _merge_rank_kernel(
     pos = plgpu.load(block_pos_ref.at[pl.ds(u0, block_u)], mask=live, other=0)
     own = u // block
     c = lax.iota(jnp.int32, num_blocks)
-    c0 = (c * block)[None, :]  # [1, num_blocks]: block c's offset and length
-    c_len = jnp.minimum(jnp.maximum(n - c * block, 0), block)[None, :]
+    # [num_blocks, block_u] lanes, tokens along the last axis: XLA's Triton then gives a
+    # warp's lanes consecutive tokens probing one block (the same or nearby keys, few L1
+    # wavefronts per gather). As [block_u, num_blocks] a warp's lanes probed 32 blocks at
+    # once and every key broadcast went through shared memory: 19 us against 8 (H200,
+    # 8192 tokens, Nsight Compute; benchmarks/NOTES.md v6).
+    c0 = (c * block)[:, None]  # [num_blocks, 1]: block c's offset and length
+    c_len = jnp.minimum(jnp.maximum(n - c * block, 0), block)[:, None]
+    k = key[None, :]
 
     def halve(_, bounds):  # lo_lt -> keys < key in block c, lo_le -> keys <= key in block c
         lo_lt, hi_lt, lo_le, hi_le = bounds
         mid_lt = (lo_lt + hi_lt) // 2
         mid_le = (lo_le + hi_le) // 2
-        below_lt = plgpu.load(block_keys_ref.at[c0 + mid_lt], mask=mid_lt < c_len, other=_INT32_MAX) < key[:, None]
-        below_le = plgpu.load(block_keys_ref.at[c0 + mid_le], mask=mid_le < c_len, other=_INT32_MAX) <= key[:, None]
+        below_lt = plgpu.load(block_keys_ref.at[c0 + mid_lt], mask=mid_lt < c_len, other=_INT32_MAX) < k
+        below_le = plgpu.load(block_keys_ref.at[c0 + mid_le], mask=mid_le < c_len, other=_INT32_MAX) <= k
         lo_lt, hi_lt = jnp.where(below_lt, mid_lt + 1, lo_lt), jnp.where(below_lt, hi_lt, mid_lt)
         lo_le, hi_le = jnp.where(below_le, mid_le + 1, lo_le), jnp.where(below_le, hi_le, mid_le)
         return lo_lt, hi_lt, lo_le, hi_le
 
-    lo = jnp.zeros((block_u, num_blocks), jnp.int32)
+    lo = jnp.zeros((num_blocks, block_u), jnp.int32)
     bounds = (lo, lo + c_len, lo, lo + c_len)
     if unroll:
         for step in range(steps):
@@ -243,12 +248,12 @@ def _merge_rank_kernel(
     else:
         bounds = lax.fori_loop(0, steps, halve, bounds)
     lo_lt, _, lo_le, _ = bounds
-    earlier_block = c[None, :] < own[:, None]
-    later_block = c[None, :] > own[:, None]
+    earlier_block = c[:, None] < own[None, :]
+    later_block = c[:, None] > own[None, :]
     others = jnp.where(earlier_block, lo_le, jnp.where(later_block, lo_lt, 0))
-    slot = u - own * block + jnp.sum(others, axis=1, dtype=jnp.int32)
-    run_start = jnp.sum(lo_lt, axis=1, dtype=jnp.int32)
-    run_end = jnp.sum(lo_le, axis=1, dtype=jnp.int32)
+    slot = u - own * block + jnp.sum(others, axis=0, dtype=jnp.int32)
+    run_start = jnp.sum(lo_lt, axis=0, dtype=jnp.int32)
+    run_end = jnp.sum(lo_le, axis=0, dtype=jnp.int32)
     slot = jnp.where(live, slot, u)  # lanes past n scatter past the end (see _rank_kernel)
     plgpu.store(sorted_keys_ref.at[slot], key, mask=live)
     plgpu.store(sorted_pos_ref.at[slot], pos, mask=live)

@@ -152,6 +152,9 @@ def gpu_cases() -> list[Case]:
         Case("sort-fp16-8193", uniform_ids(8193, 20000, seed=7), 640, 20000, "float16", "float16", seed=7),
         Case("sort-library-sort-65536-zipf", zipf_ids(65536, 32000, seed=8), 256, 32000, seed=8),
         Case("sort-20000-uniform", uniform_ids(20000, REAL_V, seed=9), 1024, REAL_V, seed=9),
+        # Both sides of MERGE_SORT_MAX_TOKENS: the merge kernels, then the library sort.
+        Case("sort-merge-top-32768-zipf", zipf_ids(32768, REAL_V, seed=13), 256, REAL_V, seed=13),
+        Case("sort-library-32769-uniform", uniform_ids(32769, REAL_V, seed=14), 256, REAL_V, seed=14),
         # Long context: 2^20 tokens (128k x 8 sequences), and a 2^20-row vocabulary.
         Case("long-context-2^20-zipf", zipf_ids(2**20, REAL_V, seed=10).reshape(8, 2**17), 64, REAL_V, seed=10),
         Case("vocab-2^20-uniform-8192", uniform_ids(8192, 2**20, seed=11), 128, 2**20, seed=11),

@@ -112,7 +112,8 @@ def test_sort_choice_follows_threshold_and_packing():
     top = ew.JAX_MERGE_MAX_TOKENS
     assert config(top, 129280).sort == ew.MERGE
     assert config(FEATURE_PATH_MAX_TOKENS + 1, 129280).sort == ew.MERGE
-    assert key_packing(top + 1, 129280).dtype == "uint32" and config(top + 1, 129280).sort == ew.PACKED
+    assert key_packing(top + 1, 2**14).dtype == "uint32" and config(top + 1, 2**14).sort == ew.PACKED
+    assert key_packing(top + 1, 129280).dtype != "uint32" and config(top + 1, 129280).sort == ew.PAIRS
     assert key_packing(2**16, 2**17).dtype != "uint32" and config(2**16, 2**17).sort == ew.PAIRS
     assert config(3000, 10, FEATURE).sort == ew.RANK
 

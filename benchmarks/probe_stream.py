@@ -1,0 +1,127 @@
+"""How fast can a Triton kernel move the partials stage's bytes, with no plan at all? (NOTES v6)
+
+main_grad[ids[i]] += grad[i] for every position i, over H blocks: the access pattern of a
+uniform-ids call (almost every token its key's only one), with variants of the item size,
+warps, programs in flight, loop shape and cache hints. Timing only: repeated keys race, so
+no result is checked. Also the stage times of the real call (plan, partials, long runs, whole)
+in graph replay, and torch's copy at the same bytes.
+
+    python benchmarks/probe_stream.py
+"""
+
+import sys
+from dataclasses import replace
+
+import torch
+import triton
+import triton.language as tl
+from bench_torch import copy_bandwidth, graph_ms
+from common import floor_bytes, ids_for
+
+from embwgrad_core import torch_path
+from tests.cases import REAL_H, REAL_V
+from torch_frontend import embedding_wgrad as ew
+
+SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 4
+
+
+@triton.jit
+def _add_item(ids_ptr, grad_ptr, main_ptr, w, items, num_hb, hidden, BLOCK_H: tl.constexpr, GRAD_EVICT: tl.constexpr):
+    i = w // num_hb
+    cols = (w % num_hb) * BLOCK_H + tl.arange(0, BLOCK_H)
+    m = cols < tl.where(w < items, hidden, 0)  # not a scalar & vector mask: the interpreter mistypes those
+    row = tl.load(ids_ptr + i, mask=w < items, other=0).to(tl.int64)
+    g = tl.load(grad_ptr + i.to(tl.int64) * hidden + cols, mask=m, eviction_policy=GRAD_EVICT).to(tl.float32)
+    old = tl.load(main_ptr + row * hidden + cols, mask=m)
+    return row, cols, m, old + g
+
+
+@triton.jit
+def _stream(ids_ptr, grad_ptr, main_ptr, n, hidden, BLOCK_H: tl.constexpr, DEPTH: tl.constexpr, GRAD_EVICT: tl.constexpr):
+    """Programs stride the (token, H block) items, H block fastest; DEPTH items' loads in flight before their stores."""
+    num_hb = tl.cdiv(hidden, BLOCK_H)
+    items = n * num_hb
+    step = tl.num_programs(0)
+    for w0 in range(tl.program_id(0), items, step * DEPTH):
+        if DEPTH == 1:
+            row, cols, m, v = _add_item(ids_ptr, grad_ptr, main_ptr, w0, items, num_hb, hidden, BLOCK_H, GRAD_EVICT)
+            tl.store(main_ptr + row * hidden + cols, v, mask=m)
+        else:
+            row0, cols0, m0, v0 = _add_item(ids_ptr, grad_ptr, main_ptr, w0, items, num_hb, hidden, BLOCK_H, GRAD_EVICT)
+            row1, cols1, m1, v1 = _add_item(ids_ptr, grad_ptr, main_ptr, w0 + step, items, num_hb, hidden, BLOCK_H, GRAD_EVICT)
+            tl.store(main_ptr + row0 * hidden + cols0, v0, mask=m0)
+            tl.store(main_ptr + row1 * hidden + cols1, v1, mask=m1)
+
+
+#: (name, BLOCK_H, num_warps, programs per SM or None for one per item, DEPTH, grad eviction)
+VARIANTS = [
+    ("h1024 w1 item", 1024, 1, None, 1, ""),
+    ("h1024 w1 128/SM", 1024, 1, 128, 1, ""),
+    ("h1024 w1 16/SM", 1024, 1, 16, 1, ""),
+    ("h1024 w1 16/SM depth2", 1024, 1, 16, 2, ""),
+    ("h1024 w1 32/SM depth2", 1024, 1, 32, 2, ""),
+    ("h1024 w1 128/SM evict_first", 1024, 1, 128, 1, "evict_first"),
+    ("h1024 w2 128/SM", 1024, 2, 128, 1, ""),
+    ("h2048 w2 item", 2048, 2, None, 1, ""),
+    ("h2048 w2 64/SM", 2048, 2, 64, 1, ""),
+    ("h2048 w4 64/SM", 2048, 4, 64, 1, ""),
+    ("h512 w1 128/SM", 512, 1, 128, 1, ""),
+    ("h512 w1 32/SM depth2", 512, 1, 32, 2, ""),
+    ("h8192 w8 item", 8192, 8, None, 1, ""),
+    ("h4096 w4 item", 4096, 4, None, 1, ""),
+]
+POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform")]
+
+
+def copy_us(nbytes: int) -> float:
+    """torch's device copy moving nbytes (read plus write), graph replay."""
+    src = torch.empty(nbytes // 8, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    return graph_ms(lambda: dst.copy_(src)) * 1e3
+
+
+def main():
+    torch.manual_seed(0)
+    main_grad = torch.randn(REAL_V, REAL_H, device="cuda")
+    bw = copy_bandwidth()
+    print(f"copy bandwidth (1 GiB copy): {bw / 1e9:.3f} TB/s", flush=True)
+    table = {}
+    for n, dist in POINTS:
+        grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
+        ids_np = ids_for(dist, n, REAL_V)
+        ids = torch.from_numpy(ids_np).cuda()
+        fb = floor_bytes(ids_np, REAL_H)
+        res = {"floor": fb / bw * 1e3, "torch copy, same bytes": copy_us(fb)}
+        # Stages of the real call.
+        problem = ew._check(ids, grad, main_grad, None)
+        cfg = ew._config(problem, torch_path(n), False, *ew._device_traits(0))
+        cfg_nopdl = replace(cfg, pdl=False)
+        res["call (graph)"] = graph_ms(lambda: ew._launch(ids, grad, main_grad, problem, torch_path(n))) * 1e3
+        res["plan alone"] = graph_ms(lambda: ew._plan_stage(ids, problem, cfg_nopdl)) * 1e3
+        plan = ew._plan_stage(ids, problem, cfg_nopdl)
+
+        def partials():
+            plan.long_count.zero_()
+            return ew._partials_stage(plan, grad, main_grad, problem, cfg_nopdl)
+
+        res["partials alone (+ a memset)"] = graph_ms(partials) * 1e3
+        plan = ew._plan_stage(ids, problem, cfg_nopdl)
+        parts = ew._partials_stage(plan, grad, main_grad, problem, cfg_nopdl)
+        res["long runs alone"] = graph_ms(lambda: ew._long_runs_stage(plan, parts, main_grad, problem, cfg_nopdl)) * 1e3
+        for name, bh, warps, per_sm, depth, evict in VARIANTS:
+            items = n * triton.cdiv(REAL_H, bh)
+            grid = items if per_sm is None else min(items, per_sm * SMS)
+            fn = lambda: _stream[(grid,)](ids, grad, main_grad, n, REAL_H, BLOCK_H=bh, DEPTH=depth, GRAD_EVICT=evict, num_warps=warps)  # noqa: E731
+            res["stream " + name] = graph_ms(fn) * 1e3
+        for k, v in res.items():
+            print(f"n={n:6d} {dist:7s} {k:32s} {v:8.1f} us", flush=True)
+        table[(n, dist)] = res
+    names = list(next(iter(table.values())))
+    print("| us | " + " | ".join(f"{n} {d}" for n, d in table) + " |")
+    print("|---" * (len(table) + 1) + "|")
+    for k in names:
+        print(f"| {k} | " + " | ".join(f"{table[p][k]:.1f}" for p in table) + " |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
