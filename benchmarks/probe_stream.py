@@ -26,49 +26,57 @@ SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is
 
 
 @triton.jit
-def _add_item(ids_ptr, grad_ptr, main_ptr, w, items, num_hb, hidden, BLOCK_H: tl.constexpr, GRAD_EVICT: tl.constexpr):
+def _add_item(ids_ptr, grad_ptr, main_ptr, w, items, num_hb, hidden, BLOCK_H: tl.constexpr, GRAD_EVICT: tl.constexpr,
+              MAIN_EVICT: tl.constexpr):
     i = w // num_hb
     cols = (w % num_hb) * BLOCK_H + tl.arange(0, BLOCK_H)
     m = cols < tl.where(w < items, hidden, 0)  # not a scalar & vector mask: the interpreter mistypes those
     row = tl.load(ids_ptr + i, mask=w < items, other=0).to(tl.int64)
     g = tl.load(grad_ptr + i.to(tl.int64) * hidden + cols, mask=m, eviction_policy=GRAD_EVICT).to(tl.float32)
-    old = tl.load(main_ptr + row * hidden + cols, mask=m)
+    old = tl.load(main_ptr + row * hidden + cols, mask=m, eviction_policy=MAIN_EVICT)
     return row, cols, m, old + g
 
 
 @triton.jit
-def _stream(ids_ptr, grad_ptr, main_ptr, n, hidden, BLOCK_H: tl.constexpr, DEPTH: tl.constexpr, GRAD_EVICT: tl.constexpr):
+def _stream(ids_ptr, grad_ptr, main_ptr, n, hidden, BLOCK_H: tl.constexpr, DEPTH: tl.constexpr, GRAD_EVICT: tl.constexpr,
+            MAIN_EVICT: tl.constexpr, STORE_CACHE: tl.constexpr):
     """Programs stride the (token, H block) items, H block fastest; DEPTH items' loads in flight before their stores."""
     num_hb = tl.cdiv(hidden, BLOCK_H)
     items = n * num_hb
     step = tl.num_programs(0)
     for w0 in range(tl.program_id(0), items, step * DEPTH):
         if DEPTH == 1:
-            row, cols, m, v = _add_item(ids_ptr, grad_ptr, main_ptr, w0, items, num_hb, hidden, BLOCK_H, GRAD_EVICT)
-            tl.store(main_ptr + row * hidden + cols, v, mask=m)
+            row, cols, m, v = _add_item(ids_ptr, grad_ptr, main_ptr, w0, items, num_hb, hidden, BLOCK_H, GRAD_EVICT, MAIN_EVICT)
+            tl.store(main_ptr + row * hidden + cols, v, mask=m, cache_modifier=STORE_CACHE)
         else:
-            row0, cols0, m0, v0 = _add_item(ids_ptr, grad_ptr, main_ptr, w0, items, num_hb, hidden, BLOCK_H, GRAD_EVICT)
-            row1, cols1, m1, v1 = _add_item(ids_ptr, grad_ptr, main_ptr, w0 + step, items, num_hb, hidden, BLOCK_H, GRAD_EVICT)
-            tl.store(main_ptr + row0 * hidden + cols0, v0, mask=m0)
-            tl.store(main_ptr + row1 * hidden + cols1, v1, mask=m1)
+            row0, cols0, m0, v0 = _add_item(ids_ptr, grad_ptr, main_ptr, w0, items, num_hb, hidden, BLOCK_H, GRAD_EVICT, MAIN_EVICT)
+            row1, cols1, m1, v1 = _add_item(ids_ptr, grad_ptr, main_ptr, w0 + step, items, num_hb, hidden, BLOCK_H, GRAD_EVICT, MAIN_EVICT)
+            tl.store(main_ptr + row0 * hidden + cols0, v0, mask=m0, cache_modifier=STORE_CACHE)
+            tl.store(main_ptr + row1 * hidden + cols1, v1, mask=m1, cache_modifier=STORE_CACHE)
 
 
-#: (name, BLOCK_H, num_warps, programs per SM or None for one per item, DEPTH, grad eviction)
+#: (name, BLOCK_H, num_warps, programs per SM or None for one per item, DEPTH, grad eviction,
+#: main_grad eviction, store cache modifier); session 6 measured the first 14
 VARIANTS = [
-    ("h1024 w1 item", 1024, 1, None, 1, ""),
-    ("h1024 w1 128/SM", 1024, 1, 128, 1, ""),
-    ("h1024 w1 16/SM", 1024, 1, 16, 1, ""),
-    ("h1024 w1 16/SM depth2", 1024, 1, 16, 2, ""),
-    ("h1024 w1 32/SM depth2", 1024, 1, 32, 2, ""),
-    ("h1024 w1 128/SM evict_first", 1024, 1, 128, 1, "evict_first"),
-    ("h1024 w2 128/SM", 1024, 2, 128, 1, ""),
-    ("h2048 w2 item", 2048, 2, None, 1, ""),
-    ("h2048 w2 64/SM", 2048, 2, 64, 1, ""),
-    ("h2048 w4 64/SM", 2048, 4, 64, 1, ""),
-    ("h512 w1 128/SM", 512, 1, 128, 1, ""),
-    ("h512 w1 32/SM depth2", 512, 1, 32, 2, ""),
-    ("h8192 w8 item", 8192, 8, None, 1, ""),
-    ("h4096 w4 item", 4096, 4, None, 1, ""),
+    ("h1024 w1 item", 1024, 1, None, 1, "", "", ""),
+    ("h1024 w1 128/SM", 1024, 1, 128, 1, "", "", ""),
+    ("h1024 w1 16/SM", 1024, 1, 16, 1, "", "", ""),
+    ("h1024 w1 16/SM depth2", 1024, 1, 16, 2, "", "", ""),
+    ("h1024 w1 32/SM depth2", 1024, 1, 32, 2, "", "", ""),
+    ("h1024 w1 128/SM evict_first", 1024, 1, 128, 1, "evict_first", "", ""),
+    ("h1024 w2 128/SM", 1024, 2, 128, 1, "", "", ""),
+    ("h2048 w2 item", 2048, 2, None, 1, "", "", ""),
+    ("h2048 w2 64/SM", 2048, 2, 64, 1, "", "", ""),
+    ("h2048 w4 64/SM", 2048, 4, 64, 1, "", "", ""),
+    ("h512 w1 128/SM", 512, 1, 128, 1, "", "", ""),
+    ("h512 w1 32/SM depth2", 512, 1, 32, 2, "", "", ""),
+    ("h8192 w8 item", 8192, 8, None, 1, "", "", ""),
+    ("h4096 w4 item", 4096, 4, None, 1, "", "", ""),
+    # Cache policy of the main_grad row: read once, written once, never read again by us.
+    ("h1024 w1 item, main evict_first", 1024, 1, None, 1, "evict_first", "evict_first", ""),
+    ("h1024 w1 item, store .cs", 1024, 1, None, 1, "evict_first", "evict_first", ".cs"),
+    ("h1024 w1 item, store .wt", 1024, 1, None, 1, "", "", ".wt"),
+    ("h1024 w1 item, main evict_last", 1024, 1, None, 1, "evict_first", "evict_last", ""),
 ]
 POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform")]
 
@@ -108,10 +116,11 @@ def main():
         plan = ew._plan_stage(ids, problem, cfg_nopdl)
         parts = ew._partials_stage(plan, grad, main_grad, problem, cfg_nopdl)
         res["long runs alone"] = graph_ms(lambda: ew._long_runs_stage(plan, parts, main_grad, problem, cfg_nopdl)) * 1e3
-        for name, bh, warps, per_sm, depth, evict in VARIANTS:
+        for name, bh, warps, per_sm, depth, evict, main_evict, store in VARIANTS:
             items = n * triton.cdiv(REAL_H, bh)
             grid = items if per_sm is None else min(items, per_sm * SMS)
-            fn = lambda: _stream[(grid,)](ids, grad, main_grad, n, REAL_H, BLOCK_H=bh, DEPTH=depth, GRAD_EVICT=evict, num_warps=warps)  # noqa: E731
+            fn = lambda: _stream[(grid,)](ids, grad, main_grad, n, REAL_H, BLOCK_H=bh, DEPTH=depth, GRAD_EVICT=evict,
+                                         MAIN_EVICT=main_evict, STORE_CACHE=store, num_warps=warps)  # noqa: E731
             res["stream " + name] = graph_ms(fn) * 1e3
         for k, v in res.items():
             print(f"n={n:6d} {dist:7s} {k:32s} {v:8.1f} us", flush=True)
