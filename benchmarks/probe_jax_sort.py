@@ -1,5 +1,5 @@
 """The JAX frontend's sort routes, whole calls (benchmarks/NOTES.md v6): the default route at
-each point and, above 8192 tokens, lax.sort (the route above JAX_MERGE_MAX_TOKENS) forced.
+each point and, above 8192 tokens, lax.sort (the route above MERGE_SORT_MAX_TOKENS) forced.
 Each variant is first checked against the core's NumPy reference on the touched rows, then
 timed as a median of chains of donated calls (bench_jax.chain_ms).
 

@@ -4,11 +4,12 @@ The JAX twin of torch_frontend/embedding_wgrad.py: the same four stages, the sam
 in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
 
 1. Sort the tokens by key, stably. Pallas has no sort inside a kernel. Sort path, up to
-   JAX_MERGE_MAX_TOKENS: ``_block_sort_kernel`` sorts blocks of merge_block(n) tokens by
-   counting, then ``_merge_rank_kernel`` ranks every token in each other block by binary
-   search and writes the sorted keys, positions, run starts and run ends (embwgrad_core.merge_ranks is
-   the model; about 10 us for 8192 tokens, against about 50 us for XLA's sort). Above it
-   ``lax.sort`` (see ``_sort``), where XLA uses CUB's radix sort and the grad bytes dwarf it.
+   MERGE_SORT_MAX_TOKENS (as the torch twin): ``_block_sort_kernel`` sorts blocks of
+   merge_block(n) tokens by counting, then ``_merge_rank_kernel`` ranks every token in each
+   other block by binary search and writes the sorted keys, positions, run starts and run
+   ends (embwgrad_core.merge_ranks is the model; about 10 us for 8192 tokens, against about
+   50 us for XLA's sort). Above it ``lax.sort`` (see ``_sort``), where XLA uses CUB's radix
+   sort and the grad bytes dwarf it.
    Feature path: ``_rank_kernel`` ranks each token by counting the tokens that sort before
    it, which also gives every token its chunk's ordinal within its run.
 2. (lax.sort and the feature path) ``_runs_kernel`` finds every slot's run start and end by
@@ -78,13 +79,6 @@ from embwgrad_core.validate import Problem, check_args
 #: (block_i, block_j) of _rank_kernel in interpret mode, where every program step is an XLA:CPU
 #: loop iteration: large tiles keep it fast. Tests shrink them to cross tile boundaries.
 INTERPRET_RANK_TILES = {SORT: (256, 256), FEATURE: (8 * CHUNK, 8 * CHUNK)}
-
-#: Up to this many tokens the sort path sorts with the merge-rank kernels, above it with
-#: lax.sort: the embwgrad_core threshold, as in the torch twin. (It was 8192 until the merge
-#: kernels' lanes were laid out tokens-last; whole calls on the H200 with the merge kernels
-#: against lax.sort: 16384 uniform 0.331 against 0.371 ms, 32768 uniform 0.608 against 0.633,
-#: 32768 Zipf 0.363 against 0.388; benchmarks/NOTES.md v6.)
-JAX_MERGE_MAX_TOKENS = MERGE_SORT_MAX_TOKENS
 
 #: The ways to sort (_Config.sort).
 MERGE, RANK, PACKED, PAIRS = "merge", "rank", "packed", "pairs"
@@ -649,7 +643,7 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
     interpret = forced.get("interpret", jax.default_backend() == "cpu")
     if feature:
         sort = RANK  # the feature path needs the chunk ordinals that only _rank_kernel gives
-    elif n <= JAX_MERGE_MAX_TOKENS:
+    elif n <= MERGE_SORT_MAX_TOKENS:  # 8192 until session 6 (benchmarks/NOTES.md v6 item 4)
         sort = MERGE
     elif key_packing(n, problem.num_embeddings).dtype == "uint32":
         sort = PACKED
@@ -953,7 +947,7 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
         The new main_grad [V, H]. Only the rows of ids are read and written: rows of ids that
         do not occur, of padding_idx, and of ids outside [0, V) (skipped, not checked) keep
         their bits. On GPU, four Pallas Triton launches (three and a lax.sort above
-        JAX_MERGE_MAX_TOKENS tokens); on CPU the same kernels in interpret mode.
+        MERGE_SORT_MAX_TOKENS tokens); on CPU the same kernels in interpret mode.
 
     Raises TypeError or ValueError, naming the argument, while tracing: main_grad is then
     neither donated nor changed. n == 0 or H == 0 returns main_grad unchanged.

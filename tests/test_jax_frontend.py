@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import jax_frontend
-from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, MERGE_MAX_BLOCKS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
+from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
 from embwgrad_core.dtypes import numpy_dtype
 from jax_frontend import embedding_wgrad as ew
 from tests.cases import Case, assert_bits_equal, cpu_cases, gpu_cases, runs_ids, zipf_ids
@@ -109,7 +109,7 @@ def test_sort_choice_follows_threshold_and_packing():
     def config(n, vocab, path=SORT, overrides=()):
         return ew._config(ew.Problem(n, 8, vocab, -1, "bfloat16", "float32"), path, (("interpret", False),) + overrides)
 
-    top = ew.JAX_MERGE_MAX_TOKENS
+    top = MERGE_SORT_MAX_TOKENS
     assert config(top, 129280).sort == ew.MERGE
     assert config(FEATURE_PATH_MAX_TOKENS + 1, 129280).sort == ew.MERGE
     assert key_packing(top + 1, 2**14).dtype == "uint32" and config(top + 1, 2**14).sort == ew.PACKED
@@ -353,8 +353,8 @@ FEATURE_KERNELS = ["embwgrad_rank", "embwgrad_runs"]
     "n, x64, plan_kernels",
     [
         (8192, False, MERGE_KERNELS),
-        (ew.JAX_MERGE_MAX_TOKENS, False, MERGE_KERNELS),
-        (ew.JAX_MERGE_MAX_TOKENS + 1, False, ["embwgrad_runs"]),  # after a lax.sort
+        (MERGE_SORT_MAX_TOKENS, False, MERGE_KERNELS),
+        (MERGE_SORT_MAX_TOKENS + 1, False, ["embwgrad_runs"]),  # after a lax.sort
         (8192, True, MERGE_KERNELS),
         (FEATURE_PATH_MAX_TOKENS, False, FEATURE_KERNELS),
     ],
