@@ -1,5 +1,5 @@
 """A target for Nsight Compute: one recorded call of the torch frontend per point, plus the plain
-streaming kernel of probe_torch at the same bytes, between cudaProfilerStart/Stop.
+copy-add kernel of probe_stream at the same bytes, between cudaProfilerStart/Stop.
 
     ncu --profile-from-start off --clock-control none --section SpeedOfLight ... \
         python benchmarks/ncu_target.py [n:dist ...]
@@ -8,9 +8,8 @@ streaming kernel of probe_torch at the same bytes, between cudaProfilerStart/Sto
 import sys
 
 import torch
-import triton
 from common import ids_for
-from probe_torch import _stream_kernel
+from probe_stream import stream_add
 
 import torch_frontend
 from tests.cases import REAL_H, REAL_V
@@ -25,12 +24,12 @@ def main(argv):
         ids = torch.from_numpy(ids_for(dist, n, REAL_V)).cuda()
         for _ in range(2):  # the first call compiles and records, the second replays
             torch_frontend.accumulate(ids, grad, main_grad)
-        _stream_kernel[(n * triton.cdiv(REAL_H, 1024),)](ids, grad, main_grad, n, REAL_H, BLOCK_H=1024, SLOT_MAJOR=True, num_warps=1)
+        stream_add(ids, grad, main_grad, n, REAL_H)
         torch.cuda.synchronize()
         print(f"profiling n={n} {dist}", flush=True)
         torch.cuda.profiler.start()
         torch_frontend.accumulate(ids, grad, main_grad)
-        _stream_kernel[(n * triton.cdiv(REAL_H, 1024),)](ids, grad, main_grad, n, REAL_H, BLOCK_H=1024, SLOT_MAJOR=True, num_warps=1)
+        stream_add(ids, grad, main_grad, n, REAL_H)
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
 

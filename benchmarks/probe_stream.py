@@ -81,6 +81,13 @@ VARIANTS = [
 POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform")]
 
 
+def stream_add(ids, grad, main_grad, n: int, hidden: int) -> None:
+    """The baseline copy-add (1024 columns, one warp, one program per item), as probe_torch and
+    ncu_target time it beside the real call."""
+    _stream[(n * triton.cdiv(hidden, 1024),)](ids, grad, main_grad, n, hidden, BLOCK_H=1024, DEPTH=1, GRAD_EVICT="",
+                                               MAIN_EVICT="", STORE_CACHE="", num_warps=1)
+
+
 def copy_us(nbytes: int) -> float:
     """torch's device copy moving nbytes (read plus write), graph replay."""
     src = torch.empty(nbytes // 8, dtype=torch.float32, device="cuda")

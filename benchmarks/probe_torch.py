@@ -10,11 +10,10 @@ import time
 from dataclasses import replace
 
 import torch
-import triton
-import triton.language as tl
 from bench_torch import copy_bandwidth, graph_ms
 from bench_torch import median_ms as bench
 from common import floor_bytes, ids_for
+from probe_stream import stream_add
 
 import torch_frontend
 from embwgrad_core import torch_path
@@ -31,24 +30,6 @@ def host_us(fn, reps=100):
     dt = time.perf_counter() - t
     torch.cuda.synchronize()
     return dt / reps * 1e6
-
-
-@triton.jit
-def _stream_kernel(ids_ptr, grad_ptr, main_ptr, n, hidden, BLOCK_H: tl.constexpr, SLOT_MAJOR: tl.constexpr):
-    """main[ids[i]] += grad[i] over one row block: the bytes of the partials stage, no plan."""
-    num_hb = tl.cdiv(hidden, BLOCK_H)
-    if SLOT_MAJOR:
-        i = tl.program_id(0) // num_hb
-        hb = tl.program_id(0) % num_hb
-    else:
-        i = tl.program_id(0) % n
-        hb = tl.program_id(0) // n
-    cols = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    m = cols < hidden
-    row = tl.load(ids_ptr + i).to(tl.int64)
-    g = tl.load(grad_ptr + i.to(tl.int64) * hidden + cols, mask=m).to(tl.float32)
-    old = tl.load(main_ptr + row * hidden + cols, mask=m)
-    tl.store(main_ptr + row * hidden + cols, old + g, mask=m)
 
 
 def line(name, n, dist, value, unit="ms"):
@@ -97,8 +78,7 @@ def main():
         for bh, w, reg in PARTIALS:
             cfg = replace(base, block_h=bh, partial_warps=w, partial_maxnreg=reg)
             line(f"partials h{bh} w{w} maxnreg {reg}", n, dist, graph_ms(lambda cfg=cfg: run_partials(cfg)))
-        s = lambda: _stream_kernel[(n * triton.cdiv(hidden, 1024),)](ids, grad, work, n, hidden, BLOCK_H=1024, SLOT_MAJOR=True, num_warps=1)  # noqa: E731
-        line("stream h1024 w1", n, dist, graph_ms(s))
+        line("stream h1024 w1", n, dist, graph_ms(lambda: stream_add(ids, grad, work, n, hidden)))
         plan = ew._plan_stage(ids, problem, base)  # a fresh long-run list: the timings above appended to it
         partials = ew._partials_stage(plan, grad, work, problem, base)
         print("long runs listed:", int(plan.long_count), flush=True)
