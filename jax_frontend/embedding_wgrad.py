@@ -920,8 +920,7 @@ def _check(ids, grad, main_grad, padding_idx) -> Problem:
     return problem
 
 
-@functools.partial(jax.jit, static_argnames=("padding_idx", "path", "overrides"), donate_argnames=("main_grad",))
-def _accumulate(ids, grad, main_grad, *, padding_idx=None, path=None, overrides=()):
+def _accumulate_impl(ids, grad, main_grad, *, padding_idx=None, path=None, overrides=()):
     """accumulate with knobs for tests: the arithmetic forced to path ("feature" or "sort"; None:
     PyTorch's choice), _Config fields forced by overrides ((field, value), ...)."""
     problem = _check(ids, grad, main_grad, padding_idx)
@@ -930,6 +929,16 @@ def _accumulate(ids, grad, main_grad, *, padding_idx=None, path=None, overrides=
         return main_grad
     cfg = _config(problem, torch_path(n) if path is None else path, overrides)
     return _run_stages(ids.reshape(n), grad.reshape(n, hidden), main_grad, problem, cfg).main_grad
+
+
+_JIT = dict(static_argnames=("padding_idx", "path", "overrides"), donate_argnames=("main_grad",))
+#: Inside a caller's jit (or any other transformation), where jax allows no compiler options.
+_accumulate = jax.jit(_accumulate_impl, **_JIT)
+#: A call on its own is four custom kernels, below XLA's CUDA-graph threshold
+#: (xla_gpu_graph_min_graph_size, 5), so XLA would launch them one by one. Measured with the
+#: flag set process-wide (benchmarks/NOTES.md v6 item 5): 1024 tokens 65 -> 50 us, no change
+#: from 4096 tokens up. Inside a caller's jit the caller's command buffer holds our kernels.
+_accumulate_alone = jax.jit(_accumulate_impl, **_JIT, compiler_options={"xla_gpu_graph_min_graph_size": 1})
 
 
 def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding_idx: int | None = None) -> jax.Array:
@@ -952,4 +961,5 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
     Raises TypeError or ValueError, naming the argument, while tracing: main_grad is then
     neither donated nor changed. n == 0 or H == 0 returns main_grad unchanged.
     """
-    return _accumulate(ids, grad, main_grad, padding_idx=padding_idx)
+    traced = any(isinstance(a, jax.core.Tracer) for a in (ids, grad, main_grad))
+    return (_accumulate if traced else _accumulate_alone)(ids, grad, main_grad, padding_idx=padding_idx)
