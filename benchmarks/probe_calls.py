@@ -29,6 +29,10 @@ VARIANTS = {
     "w4": dict(partial_warps=4),
     "w4 h2048": dict(partial_warps=4, block_h=2048),
     "w4 p32": dict(partial_warps=4, partial_programs=32 * SMS),
+    # The long-run fold with all of a run's partials in flight at once (v7).
+    "fold32": dict(long_block_h=32, long_batch=128),
+    "fold32 b64": dict(long_block_h=32, long_batch=64),
+    "fold64 b64": dict(long_block_h=64, long_batch=64),
 }
 POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform"), (32768, "zipf")]
 

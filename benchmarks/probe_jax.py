@@ -1,7 +1,13 @@
-"""Where the JAX frontend's time goes (for benchmarks/NOTES.md): whole calls with each partials,
-long-run and merge setting. Medians of chains of donated calls (bench_jax.chain_ms).
+"""Where the JAX frontend's time goes (for benchmarks/NOTES.md): whole calls under _Config
+variants, medians of chains of donated calls (bench_jax.chain_ms).
 
-    python benchmarks/probe_jax.py
+    python benchmarks/probe_jax.py                  (every variant)
+    python benchmarks/probe_jax.py default,fold32   (those named)
+    python benchmarks/probe_jax.py graph            (XLA's command buffer, fresh grad arrays)
+
+``graph`` times ``accumulate`` called on its own (one command buffer for its kernels) against
+the plain jit, both with a new grad array every call, as in training, where XLA must update
+the command buffer's arguments each time.
 """
 
 import sys
@@ -14,28 +20,61 @@ from common import ids_for
 from jax_frontend import embedding_wgrad as ew
 from tests.cases import REAL_H, REAL_V
 
-POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform")]
-VARIANTS = (
-    (),
-    (("prefetch", False),),
-    (("partial_programs", 64 * ew._gpu_sms()),),
-    (("partial_warps", 1),),
-    (("block_h", 512), ("partial_warps", 1)),
-    (("long_batch", 16), ("long_block_h", 256), ("long_warps", 4)),
-    (),
-)
+POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform"), (32768, "zipf")]
+#: name -> _Config overrides
+VARIANTS = {
+    "default": (),
+    "no prefetch": (("prefetch", False),),
+    "partials 64/SM": (("partial_programs", 64 * ew._gpu_sms()),),
+    "partials 1 warp": (("partial_warps", 1),),
+    "partials 512 columns, 1 warp": (("block_h", 512), ("partial_warps", 1)),
+    "fold 256 columns, 4 warps, batch 16": (("long_batch", 16), ("long_block_h", 256), ("long_warps", 4)),
+    # The long-run fold with all of a run's partials in flight at once (v7).
+    "fold32": (("long_block_h", 32), ("long_batch", 128)),
+    "fold32 b64": (("long_block_h", 32), ("long_batch", 64)),
+    "fold64 b64": (("long_block_h", 64), ("long_batch", 64)),
+}
 
 
-def main():
+def graph(key, main_grad):
+    """The command-buffer jit against the plain one, with four grad arrays taken in turn."""
+    for n, dist in [(1024, "uniform"), (4096, "uniform"), (8192, "zipf")]:
+        grads = [jax.random.normal(jax.random.fold_in(key, n + r), (n, REAL_H), jnp.float32).astype(jnp.bfloat16) for r in range(4)]
+        ids = jnp.asarray(ids_for(dist, n, REAL_V), jnp.int32)
+        for name, fn in (("plain jit", ew._accumulate), ("command buffer", ew._accumulate_alone)) * 2:
+            turn = [0]
+
+            def step(mg, fn=fn, turn=turn):
+                turn[0] += 1
+                return fn(ids, grads[turn[0] % 4], mg)
+
+            ms, main_grad = chain_ms(step, main_grad)
+            print(f"n={n:6d} {dist:7s} {name:15s} fresh grads: {ms * 1e3:.1f} us", flush=True)
+
+
+def main(argv):
     key = jax.random.PRNGKey(0)
     main_grad = jax.random.normal(key, (REAL_V, REAL_H), jnp.float32)
-    for n, dist in POINTS[:3]:
+    if argv and argv[0] == "graph":
+        return graph(key, main_grad)
+    only = argv[0].split(",") if argv else list(VARIANTS)
+    results = {}
+    for n, dist in POINTS:
         grad = jax.random.normal(jax.random.fold_in(key, n), (n, REAL_H), jnp.float32).astype(jnp.bfloat16)
         ids = jnp.asarray(ids_for(dist, n, REAL_V), jnp.int32)
-        for overrides in VARIANTS:
-            ms, main_grad = chain_ms(lambda mg, o=overrides: ew._accumulate(ids, grad, mg, overrides=o), main_grad)
-            print(f"n={n:6d} {dist:7s} whole call {dict(overrides)}: {ms:.4f} ms", flush=True)
+        for name in only:
+            try:
+                ms, main_grad = chain_ms(lambda mg, o=VARIANTS[name]: ew._accumulate(ids, grad, mg, overrides=o), main_grad)
+            except Exception as e:  # a variant that does not compile: report it, go on
+                print(f"n={n:6d} {dist:7s} {name}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+                ms = float("nan")
+            results[(n, dist, name)] = ms * 1e3
+            print(f"n={n:6d} {dist:7s} {name}: {ms * 1e3:.1f} us", flush=True)
+    print("| variant (us) | " + " | ".join(f"{n} {d}" for n, d in POINTS) + " |")
+    print("|---" * (len(POINTS) + 1) + "|")
+    for name in only:
+        print(f"| {name} | " + " | ".join(f"{results[(n, d, name)]:.1f}" for n, d in POINTS) + " |")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
