@@ -27,7 +27,7 @@ VARIANTS = {
     "no prefetch": (("prefetch", False),),
     "partials 64/SM": (("partial_programs", 64 * ew._gpu_sms()),),
     "partials 1 warp": (("partial_warps", 1),),
-    "partials 512 columns, 1 warp": (("block_h", 512), ("partial_warps", 1)),
+    "partials 512 columns 1 warp": (("block_h", 512), ("partial_warps", 1)),
     "fold 256 columns, 4 warps, batch 16": (("long_batch", 16), ("long_block_h", 256), ("long_warps", 4)),
     # The long-run fold with all of a run's partials in flight at once (v7).
     "fold32": (("long_block_h", 32), ("long_batch", 128)),

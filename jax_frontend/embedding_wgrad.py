@@ -36,6 +36,11 @@ JAX specifics:
   main_grad)`` updates the buffer with no copy and no [V, H] temporary, also inside a user's
   jit or a ``lax.scan`` that carries main_grad. Kernels read and write main_grad through the
   output ref: in interpret mode the aliased input ref is a separate, stale copy.
+* One CUDA graph: ``accumulate`` called on its own (no tracer among its arguments) is jitted
+  with ``xla_gpu_graph_min_graph_size=1``, so XLA launches its four kernels as one command
+  buffer (by default a jit of fewer than five kernels launches them one by one). Inside a
+  caller's jit, where jax allows no compiler options, the plain jit: the caller's compile
+  decides, and a training step's command buffer holds our kernels with the rest.
 * The lowering is pinned to Triton: every pallas_call gets ``plgpu.CompilerParams``; without
   them jax >= 0.9 lowers GPU pallas_calls with Mosaic GPU, which these kernels (gathers,
   scatters, scalar loads and atomics) are not written for.

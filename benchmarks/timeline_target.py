@@ -1,0 +1,84 @@
+"""A kernel timeline of whole calls: where each kernel of one call starts and ends on the GPU.
+
+    python benchmarks/timeline_target.py [trace.json]
+
+The H200 image has no Nsight Systems, so this records the GPU's kernel activity with
+torch.profiler (CUPTI, process-wide: JAX's kernels too) and writes a Chrome trace. Inside the
+profiled range: per point, three replays of one torch call captured in a CUDA graph
+(the GPU's time, no host launches), then three calls of the JAX frontend in a donated chain.
+It prints, for each call, each kernel's start and end relative to the call's first
+kernel, in us: the gaps and overlaps between the four kernels (NOTES v7, "What should move next").
+"""
+
+import json
+import os
+import sys
+
+POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf")]
+
+
+def profile(trace):
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import jax.numpy as jnp
+    import torch
+    from common import ids_for
+
+    import jax_frontend
+    import torch_frontend
+    from tests.cases import REAL_H, REAL_V
+
+    main_grad = torch.randn(REAL_V, REAL_H, device="cuda")
+    jmain = jnp.zeros((REAL_V, REAL_H), jnp.float32)
+    for n, dist in POINTS:
+        ids_np = ids_for(dist, n, REAL_V)
+        grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
+        ids = torch.from_numpy(ids_np).cuda()
+        torch_frontend.accumulate(ids, grad, main_grad)  # compile and record
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            torch_frontend.accumulate(ids, grad, main_grad)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            torch_frontend.accumulate(ids, grad, main_grad)
+        jids = jnp.asarray(ids_np, jnp.int32)
+        jgrad = jnp.asarray(grad.float().cpu().numpy()).astype(jnp.bfloat16)
+        for _ in range(2):
+            jmain = jax_frontend.accumulate(jids, jgrad, jmain)
+        jmain.block_until_ready()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                graph.replay()
+                torch.cuda.synchronize()
+            for _ in range(3):
+                jmain = jax_frontend.accumulate(jids, jgrad, jmain)
+                jmain.block_until_ready()
+        prof.export_chrome_trace(f"{trace}.{n}{dist[0]}.json")
+        report(f"{trace}.{n}{dist[0]}.json", f"{n} {dist}")
+        print("profiled", n, dist, flush=True)
+
+
+def report(path, title):
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    kernels = sorted((e["ts"], e["dur"], e["name"]) for e in events if e.get("cat") == "kernel")
+    calls, current = [], []
+    for k in kernels:  # a new call starts after a gap of more than 20 us
+        if current and k[0] - max(s + d for s, d, _ in current) > 20:
+            calls.append(current)
+            current = []
+        current.append(k)
+    if current:
+        calls.append(current)
+    for c, call in enumerate(calls):
+        t0 = call[0][0]
+        end = max(s + d for s, d, _ in call)
+        print(f"{title} call {c}: {end - t0:.1f} us, {len(call)} kernels")
+        for s, d, name in call:
+            print(f"    {s - t0:7.1f} -> {s + d - t0:7.1f}  {d:6.1f}  {name[:60]}")
+
+
+if __name__ == "__main__":
+    sys.exit(profile(sys.argv[1] if len(sys.argv) > 1 else "timeline"))
