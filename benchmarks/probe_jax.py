@@ -4,6 +4,7 @@ variants, medians of chains of donated calls (bench_jax.chain_ms).
     python benchmarks/probe_jax.py                  (every variant)
     python benchmarks/probe_jax.py default,fold32   (those named)
     python benchmarks/probe_jax.py graph            (XLA's command buffer, fresh grad arrays)
+    python benchmarks/probe_jax.py dispatch         (host time per call against chain time per call)
 
 ``graph`` times ``accumulate`` called on its own (one command buffer for its kernels) against
 the plain jit, both with a new grad array every call, as in training, where XLA must update
@@ -52,11 +53,36 @@ def graph(key, main_grad):
             print(f"n={n:6d} {dist:7s} {name:15s} fresh grads: {ms * 1e3:.1f} us", flush=True)
 
 
+def dispatch(key, main_grad):
+    """Host time per call (20 calls issued, not waited for) against the chain's time per call."""
+    import time
+
+    touch = jax.jit(lambda mg: mg.at[0, 0].add(1.0), donate_argnums=0)  # a donated call of one tiny kernel
+    for n, dist in [(1024, "uniform"), (4096, "uniform"), (8192, "uniform")]:
+        grad = jax.random.normal(jax.random.fold_in(key, n), (n, REAL_H), jnp.float32).astype(jnp.bfloat16)
+        ids = jnp.asarray(ids_for(dist, n, REAL_V), jnp.int32)
+        calls = (("accumulate", lambda mg: ew.accumulate(ids, grad, mg)), ("plain jit", lambda mg: ew._accumulate(ids, grad, mg)),
+                 ("tiny donated jit", touch))
+        for name, fn in calls * 2:
+            main_grad = fn(main_grad)
+            main_grad.block_until_ready()
+            t0 = time.perf_counter()
+            for _ in range(20):
+                main_grad = fn(main_grad)
+            t1 = time.perf_counter()
+            main_grad.block_until_ready()
+            t2 = time.perf_counter()
+            print(f"n={n:6d} {dist:7s} {name:17s} host {(t1 - t0) / 20 * 1e6:6.1f} us/call, chain {(t2 - t0) / 20 * 1e6:6.1f} us/call",
+                  flush=True)
+
+
 def main(argv):
     key = jax.random.PRNGKey(0)
     main_grad = jax.random.normal(key, (REAL_V, REAL_H), jnp.float32)
     if argv and argv[0] == "graph":
         return graph(key, main_grad)
+    if argv and argv[0] == "dispatch":
+        return dispatch(key, main_grad)
     only = argv[0].split(",") if argv else list(VARIANTS)
     results = {}
     for n, dist in POINTS:

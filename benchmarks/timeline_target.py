@@ -5,9 +5,10 @@
 The H200 image has no Nsight Systems, so this records the GPU's kernel activity with
 torch.profiler (CUPTI, process-wide: JAX's kernels too) and writes a Chrome trace. Inside the
 profiled range: per point, three replays of one torch call captured in a CUDA graph
-(the GPU's time, no host launches), then three calls of the JAX frontend in a donated chain.
-It prints, for each call, each kernel's start and end relative to the call's first
-kernel, in us: the gaps and overlaps between the four kernels (NOTES v7, "What should move next").
+(the GPU's time, no host launches), then three calls of the JAX frontend in a donated chain
+(nothing waits in between, as in the benchmark). It prints, for each call (a gap of more than
+20 us ends one), each kernel's, copy's and memset's start and end relative to the call's first,
+in us: the gaps and overlaps between them (NOTES v7 item 8).
 """
 
 import json
@@ -52,9 +53,9 @@ def profile(trace):
             for _ in range(3):
                 graph.replay()
                 torch.cuda.synchronize()
-            for _ in range(3):
+            for _ in range(3):  # chained, as the benchmark times them: nothing waits in between
                 jmain = jax_frontend.accumulate(jids, jgrad, jmain)
-                jmain.block_until_ready()
+            jmain.block_until_ready()
         prof.export_chrome_trace(f"{trace}.{n}{dist[0]}.json")
         report(f"{trace}.{n}{dist[0]}.json", f"{n} {dist}")
         print("profiled", n, dist, flush=True)
@@ -63,7 +64,7 @@ def profile(trace):
 def report(path, title):
     with open(path) as f:
         events = json.load(f)["traceEvents"]
-    kernels = sorted((e["ts"], e["dur"], e["name"]) for e in events if e.get("cat") == "kernel")
+    kernels = sorted((e["ts"], e["dur"], e["name"]) for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
     calls, current = [], []
     for k in kernels:  # a new call starts after a gap of more than 20 us
         if current and k[0] - max(s + d for s, d, _ in current) > 20:
