@@ -940,9 +940,10 @@ _JIT = dict(static_argnames=("padding_idx", "path", "overrides"), donate_argname
 #: Inside a caller's jit (or any other transformation), where jax allows no compiler options.
 _accumulate = jax.jit(_accumulate_impl, **_JIT)
 #: A call on its own is four custom kernels, below XLA's CUDA-graph threshold
-#: (xla_gpu_graph_min_graph_size, 5), so XLA would launch them one by one. Measured with the
-#: flag set process-wide (benchmarks/NOTES.md v6 item 5): 1024 tokens 65 -> 50 us, no change
-#: from 4096 tokens up. Inside a caller's jit the caller's command buffer holds our kernels.
+#: (xla_gpu_graph_min_graph_size, 5), so XLA would launch them one by one. Measured on the H200
+#: (benchmarks/NOTES.md v6 item 5, v7 item 7): 1024 tokens about 10 us faster per call, no
+#: change from 4096 tokens up, no cost found with a new grad array every call. Inside a
+#: caller's jit the caller's command buffer holds our kernels.
 _accumulate_alone = jax.jit(_accumulate_impl, **_JIT, compiler_options={"xla_gpu_graph_min_graph_size": 1})
 
 
