@@ -39,8 +39,8 @@ def median_ms(fn) -> float:
     return (time.perf_counter() - t) * 1e3
 
 
-def graph_ms(fn) -> float:
-    """Median of fn captured in a CUDA graph and replayed: its GPU time without host launch cost."""
+def capture_graph(fn) -> torch.cuda.CUDAGraph:
+    """fn captured in a CUDA graph, after one warm-up run on a side stream (compiles, records launches)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -49,7 +49,12 @@ def graph_ms(fn) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return median_ms(graph.replay)
+    return graph
+
+
+def graph_ms(fn) -> float:
+    """Median of fn captured in a CUDA graph and replayed: its GPU time without host launch cost."""
+    return median_ms(capture_graph(fn).replay)
 
 
 @contextlib.contextmanager

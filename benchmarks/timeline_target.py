@@ -22,6 +22,7 @@ def profile(trace):
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import jax.numpy as jnp
     import torch
+    from bench_torch import capture_graph
     from common import ids_for
 
     import jax_frontend
@@ -34,15 +35,7 @@ def profile(trace):
         ids_np = ids_for(dist, n, REAL_V)
         grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
         ids = torch.from_numpy(ids_np).cuda()
-        torch_frontend.accumulate(ids, grad, main_grad)  # compile and record
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            torch_frontend.accumulate(ids, grad, main_grad)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            torch_frontend.accumulate(ids, grad, main_grad)
+        graph = capture_graph(lambda: torch_frontend.accumulate(ids, grad, main_grad))
         jids = jnp.asarray(ids_np, jnp.int32)
         jgrad = jnp.asarray(grad.float().cpu().numpy()).astype(jnp.bfloat16)
         for _ in range(2):
