@@ -1,7 +1,10 @@
 """JAX side of the benchmark: the JAX frontend and XLA's scatter-add, both into a donated main_grad.
 
-Each time is the median, over 7 repeats, of a chain of 20 donated calls ended by
-block_until_ready, divided by 20: what a training step sees, dispatch included. Exactness:
+Each time is the median, over 7 repeats, of a chain of 300 donated calls ended by
+block_until_ready, divided by 300: the steady cost per call of a training loop that issues one
+call per micro-batch, dispatch included. The chain's start (the first dispatch) and end (the
+wait) are paid once per chain: over 20 calls they added 4-19 us per call to both series
+(benchmarks/NOTES.md, v8), which no loop of many calls pays. Exactness:
 the rows of ids against the core reference on the host (up to 32768 tokens; beyond, the
 host reference takes too long and the torch process's dense check stands). On a CPU the
 kernels run in Pallas interpret mode at a small shape.
@@ -24,7 +27,7 @@ from embwgrad_core.dtypes import round_to
 ON_GPU = jax.default_backend() == "gpu"
 
 
-def chain_ms(step, state, reps=20, repeats=7):
+def chain_ms(step, state, reps=300, repeats=7):
     state = step(state)
     state.block_until_ready()
     if not ON_GPU:  # the interpreter: one call, to show it runs

@@ -5,6 +5,7 @@ variants, medians of chains of donated calls (bench_jax.chain_ms).
     python benchmarks/probe_jax.py default,fold32   (those named)
     python benchmarks/probe_jax.py graph            (XLA's command buffer, fresh grad arrays)
     python benchmarks/probe_jax.py dispatch         (host time per call against chain time per call)
+    python benchmarks/probe_jax.py chain            (time per call against the chain's length)
 
 ``graph`` times ``accumulate`` called on its own (one command buffer for its kernels) against
 the plain jit, both with a new grad array every call, as in training, where XLA must update
@@ -76,6 +77,20 @@ def dispatch(key, main_grad):
                   flush=True)
 
 
+def chain(key, main_grad):
+    """Time per call of chains of 20, 100 and 300 donated calls: what the chain's start and end add."""
+    scatter = jax.jit(lambda mg, ids, g: mg.at[ids].add(g.astype(jnp.float32)), donate_argnums=0)
+    for n, dist in POINTS:
+        grad = jax.random.normal(jax.random.fold_in(key, n), (n, REAL_H), jnp.float32).astype(jnp.bfloat16)
+        ids = jnp.asarray(ids_for(dist, n, REAL_V), jnp.int32)
+        for name, fn in (("accumulate", lambda mg: ew.accumulate(ids, grad, mg)), ("xla scatter", lambda mg: scatter(mg, ids, grad))):
+            cells = []
+            for reps in (20, 100, 300, 20, 100, 300):
+                ms, main_grad = chain_ms(fn, main_grad, reps=reps)
+                cells.append(f"{reps}: {ms * 1e3:.1f}")
+            print(f"n={n:6d} {dist:7s} {name:12s} us/call by chain length " + ", ".join(cells), flush=True)
+
+
 def main(argv):
     key = jax.random.PRNGKey(0)
     main_grad = jax.random.normal(key, (REAL_V, REAL_H), jnp.float32)
@@ -83,6 +98,8 @@ def main(argv):
         return graph(key, main_grad)
     if argv and argv[0] == "dispatch":
         return dispatch(key, main_grad)
+    if argv and argv[0] == "chain":
+        return chain(key, main_grad)
     only = argv[0].split(",") if argv else list(VARIANTS)
     results = {}
     for n, dist in POINTS:
