@@ -20,19 +20,10 @@ SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is
 #: name -> _Config fields to override
 VARIANTS = {
     "default": {},
-    "long programs 16": dict(long_programs=16),
-    "long programs 32": dict(long_programs=32),
-    "long 256 columns": dict(long_block_h=256),
-    # Partials programs of two or four warps (a copy-add of 1024-column items at four warps
-    # measured 76.8 us at 4096 uniform against 79.9 at one warp, v7).
-    "w2": dict(partial_warps=2),
-    "w4": dict(partial_warps=4),
-    "w4 h2048": dict(partial_warps=4, block_h=2048),
-    "w4 p32": dict(partial_warps=4, partial_programs=32 * SMS),
-    # The long-run fold with all of a run's partials in flight at once (v7).
-    "fold32": dict(long_block_h=32, long_batch=128),
-    "fold32 b64": dict(long_block_h=32, long_batch=64),
-    "fold64 b64": dict(long_block_h=64, long_batch=64),
+    # The long-run kernel starts before the partials kernel ends (v8): programs without a run
+    # exit at once, the others fold their run once its partials are in (arrival counters);
+    # without arrivals, they wait for the whole partials kernel.
+    "no arrivals": dict(arrivals=False),
 }
 POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform"), (32768, "zipf")]
 
@@ -41,6 +32,7 @@ def main(argv):
     only = argv[0].split(",") if argv else list(VARIANTS)
     torch.manual_seed(0)
     main_grad = torch.randn(REAL_V, REAL_H, device="cuda")
+    print("torch_frontend from", torch_frontend.__file__, flush=True)
     bw = copy_bandwidth()
     results = {}
     for n, dist in POINTS:

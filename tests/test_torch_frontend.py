@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torch_frontend
-from embwgrad_core import CHUNK, FEATURE, SORT, make_plan, reference, torch_path
+from embwgrad_core import CHUNK, FEATURE, NROWS, SORT, make_plan, reference, torch_path
 from tests.cases import Case, assert_bits_equal, core_checked_on_gpu, cpu_cases, gpu_cases, runs_ids
 from torch_frontend import embedding_wgrad as ew
 
@@ -121,11 +121,18 @@ def test_stages_match_core_plan(route):
     if path == FEATURE:
         assert device_plan.partial_ord.tolist() == plan.partial_ord.tolist()
     else:  # one record per partial that adds to main_grad, in any order
-        records = sorted(tuple(r[:5]) for r in device_plan.records[: int(device_plan.record_count)].tolist())
+        front, back = int(device_plan.front_count), int(device_plan.back_count)
+        rows = device_plan.records[:, :5].tolist()
         s = plan.partial_slot[plan.sorted_keys[plan.partial_slot] >= 0]
-        expected = zip(s, plan.sorted_keys[s], plan.sorted_pos[s], plan.run_start[s], plan.run_end[s])
-        assert records == sorted(tuple(int(v) for v in r) for r in expected)
+        in_long_run = plan.run_end[s] - plan.run_start[s] > NROWS  # long runs' records from the front, the others from the back
+        for got, slots in ((rows[:front], s[in_long_run]), (rows[ids.size - back :], s[~in_long_run])):
+            expected = zip(slots, plan.sorted_keys[slots], plan.sorted_pos[slots], plan.run_start[slots], plan.run_end[slots])
+            assert sorted(map(tuple, got)) == sorted(tuple(int(v) for v in r) for r in expected)
 
+    if path != FEATURE:  # the sort path's plan lists the long runs
+        count = int(device_plan.long_count)
+        listed = {tuple(p) for p in device_plan.long_runs[: 2 * count].view(-1, 2).tolist()}
+        assert listed == {tuple(p) for p in plan.long_runs.tolist()}
     partials = ew._partials_stage(device_plan, grad_t, out, problem, cfg)
     count = int(device_plan.long_count)
     listed = {tuple(p) for p in device_plan.long_runs[: 2 * count].view(-1, 2).tolist()}

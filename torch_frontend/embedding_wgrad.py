@@ -72,10 +72,15 @@ _RUN_END = tl.constexpr(5)  # one past the last slot of each slot's run
 # position, run start, run end. _partials_kernel's programs stride this list.
 _REC = tl.constexpr(6)
 _REC_FIELDS = tl.constexpr(8)  # five used; eight keep a record in one 32-byte sector
-# From _LONG * n, _HEADER counters: [0] long runs listed, [1] records appended; then
-# [2 * max_long_runs] (run start, partials) pairs.
+# Sort path: the records of long runs' partials (runs of more than one partial) count up from
+# record 0, the others down from record n - 1, so that the partials kernel takes the long runs'
+# partials first.
+# From _LONG * n, _HEADER counters: [0] long runs listed, and on the sort path [1] long runs'
+# records, [2] the other records; then [2 * max_long_runs] (run start, partials) pairs (sort
+# path: listed by the plan; feature path: by the partials kernel); then, sort path, one
+# arrival counter per slot [n], zeroed by the plan where a long run starts.
 _LONG = tl.constexpr(_REC.value + _REC_FIELDS.value)
-_HEADER = tl.constexpr(2)
+_HEADER = tl.constexpr(4)
 _WORKSPACE_ARRAYS = _LONG.value
 
 
@@ -141,17 +146,32 @@ def _load_keys(ids_ptr, idx, mask, num_embeddings, padding_idx):
 
 
 @triton.jit
-def _append_records(ws_ptr, n, slot, key, pos, run_start, run_end, live, SPAN: tl.constexpr):
-    """Sort path: append a record (_REC) for each of these slots that starts a partial; one atomic."""
+def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end, live, SPAN: tl.constexpr):
+    """Sort path: publish a record (_REC) for each of these slots that starts a partial, and list the long runs.
+
+    Partials of long runs (more than SPAN slots) go to the front of the record list, the others
+    to its back. A long run's first slot lists the run (run start, partials) for the long-run
+    kernel and zeroes its arrival counter. One atomic per list.
+    """
     starts = live & (key >= 0) & ((slot - run_start) % SPAN == 0)
-    flags = starts.to(tl.int32)
-    base = tl.atomic_add(ws_ptr + _LONG * n + 1, tl.sum(flags, axis=0))
-    rec = ws_ptr + _REC * n + (base + tl.cumsum(flags, axis=0) - flags) * _REC_FIELDS
+    long = run_end - run_start > SPAN
+    front = (starts & long).to(tl.int32)
+    back = (starts & ~long).to(tl.int32)
+    base_front = tl.atomic_add(ws_ptr + _LONG * n + 1, tl.sum(front, axis=0))
+    base_back = tl.atomic_add(ws_ptr + _LONG * n + 2, tl.sum(back, axis=0))
+    index = tl.where(long, base_front + tl.cumsum(front, axis=0) - front, n - 1 - (base_back + tl.cumsum(back, axis=0) - back))
+    rec = ws_ptr + _REC * n + index * _REC_FIELDS
     tl.store(rec, slot, mask=starts)
     tl.store(rec + 1, key, mask=starts)
     tl.store(rec + 2, pos, mask=starts)
     tl.store(rec + 3, run_start, mask=starts)
     tl.store(rec + 4, run_end, mask=starts)
+    first = (live & (key >= 0) & long & (slot == run_start)).to(tl.int32)
+    entry = tl.atomic_add(ws_ptr + _LONG * n, tl.sum(first, axis=0)) + tl.cumsum(first, axis=0) - first
+    listed = ws_ptr + _LONG * n + _HEADER + 2 * entry
+    tl.store(listed, run_start, mask=first != 0)
+    tl.store(listed + 1, (run_end - run_start + SPAN - 1) // SPAN, mask=first != 0)
+    tl.store(ws_ptr + _LONG * n + _HEADER + 2 * max_long_runs + slot, 0, mask=first != 0)  # its arrival counter
 
 
 @triton.jit
@@ -189,6 +209,7 @@ def _block_sort_kernel(
 def _merge_rank_kernel(
     ws_ptr,  # int32 workspace: block-sorted keys and positions in; sorted keys, positions, run starts and ends out
     n,  # number of tokens
+    max_long_runs,  # entries of the long-run list
     BLOCK: tl.constexpr,  # tokens per block of _block_sort_kernel
     NUM_BLOCKS: tl.constexpr,  # a power of two >= cdiv(n, BLOCK)
     STEPS: tl.constexpr,  # binary-search steps: log2(BLOCK) + 1
@@ -233,7 +254,7 @@ def _merge_rank_kernel(
     tl.store(ws_ptr + _POS * n + slot, pos, mask=live)
     tl.store(ws_ptr + _RUN_START * n + slot, run_start, mask=live)
     tl.store(ws_ptr + _RUN_END * n + slot, run_end, mask=live)
-    _append_records(ws_ptr, n, slot, key, pos, run_start, run_end, live, SPAN)
+    _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end, live, SPAN)
 
 
 @triton.jit
@@ -295,6 +316,7 @@ def _runs_kernel(
     ws_ptr,  # int32 workspace: sorted keys in; run starts and ends out; the long-run counter zeroed
     n,  # number of tokens
     search_steps,  # binary-search steps: n.bit_length()
+    max_long_runs,  # sort path: entries of the long-run list
     BLOCK: tl.constexpr,  # slots per program
     SPAN: tl.constexpr,  # sort path (torch.sort): NROWS, and the record counter was zeroed; feature path: 0
     PDL: tl.constexpr,  # launched with programmatic dependent launch
@@ -321,7 +343,7 @@ def _runs_kernel(
     tl.store(ws_ptr + _RUN_END * n + s, lo_end, mask=live)
     if SPAN > 0:
         pos = tl.load(ws_ptr + _POS * n + s, mask=live, other=0)
-        _append_records(ws_ptr, n, s, key, pos, lo, lo_end, live, SPAN)
+        _append_records(ws_ptr, n, max_long_runs, s, key, pos, lo, lo_end, live, SPAN)
     elif tl.program_id(0) == 0:
         tl.store(ws_ptr + _LONG * n, 0)
 
@@ -334,6 +356,7 @@ def _partials_kernel(
     partials_ptr,  # fp32 [partial_buffer_rows, H] out: partial sums of long runs
     n,  # number of tokens
     hidden,  # H
+    max_long_runs,  # entries of the long-run list
     grad_dim1,  # 1 for a contiguous grad: Triton then folds the division away
     grad_stride0,
     grad_stride1,
@@ -346,6 +369,7 @@ def _partials_kernel(
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
     PREFETCH: tl.constexpr,  # sort path: load the next item's record before this item's rows
+    ARRIVALS: tl.constexpr,  # sort path: a long run's partials count themselves in its arrival counter
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sum every partial over every H block: items (partial, H block), H block fastest.
@@ -361,7 +385,9 @@ def _partials_kernel(
     (One program per slot looping over the H blocks measured 1.5x slower: its row loads wait
     for the previous block's stores.)
     """
-    _pdl_enter(PDL)
+    if PDL:  # wait first, then let the long-run kernel launch: it reads the plan without waiting
+        gdc_wait()
+        gdc_launch_dependents()
     num_hb = tl.cdiv(hidden, BLOCK_H)
     if FEATURE_PATH:
         s = tl.program_id(0) // num_hb
@@ -369,31 +395,37 @@ def _partials_kernel(
         pos0 = tl.load(ws_ptr + _POS * n + s)
         run_start = tl.load(ws_ptr + _RUN_START * n + s)
         _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
-                 main_grad_stride, s, tl.program_id(0) % num_hb, key, pos0, run_start, 0,
-                 FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
+                 main_grad_stride, s, tl.program_id(0) % num_hb, key, pos0, run_start, 0, ws_ptr,
+                 FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, False)
     else:
-        items = tl.load(ws_ptr + _LONG * n + 1) * num_hb
+        front = tl.load(ws_ptr + _LONG * n + 1)
+        items = (front + tl.load(ws_ptr + _LONG * n + 2)) * num_hb
+        arrivals = ws_ptr + _LONG * n + _HEADER + 2 * max_long_runs
         step = tl.num_programs(0)
         if PREFETCH:  # the next item's record is in flight while this item's rows are
-            s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, tl.program_id(0), items, num_hb)
+            s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, tl.program_id(0), items, num_hb, front)
             for w in range(tl.program_id(0), items, step):
-                s_next, key_next, pos_next, start_next, end_next = _load_record(ws_ptr, n, w + step, items, num_hb)
+                s_next, key_next, pos_next, start_next, end_next = _load_record(ws_ptr, n, w + step, items, num_hb, front)
                 _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
-                         main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end,
-                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
+                         main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
+                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, ARRIVALS)
                 s, key, pos0, run_start, run_end = s_next, key_next, pos_next, start_next, end_next
         else:
             for w in range(tl.program_id(0), items, step):
-                s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, w, items, num_hb)
+                s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, w, items, num_hb, front)
                 _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
-                         main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end,
-                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
+                         main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
+                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, ARRIVALS)
 
 
 @triton.jit
-def _load_record(ws_ptr, n, w, items, num_hb):
-    """(slot, key, position, run start, run end) of item w's record; zeros past the last item."""
-    rec = ws_ptr + _REC * n + (w // num_hb) * _REC_FIELDS
+def _load_record(ws_ptr, n, w, items, num_hb, front):
+    """(slot, key, position, run start, run end) of item w's record; zeros past the last item.
+
+    Records [0, front) are long runs' partials, from the list's front; the others count down
+    from its back (_append_records)."""
+    r = w // num_hb
+    rec = ws_ptr + _REC * n + tl.where(r < front, r, n - 1 - (r - front)) * _REC_FIELDS
     live = w < items
     return (
         tl.load(rec, mask=live, other=0),
@@ -414,14 +446,21 @@ def _partial(
     pos0,  # its position
     run_start,  # its run's first slot
     run_end,  # sort path: one past its run's last slot
+    arrivals,  # sort path: the arrival counters, one per slot
     FEATURE_PATH: tl.constexpr,
     SPAN: tl.constexpr,
     CHUNK_SIZE: tl.constexpr,
     GRAD_ROUNDING: tl.constexpr,
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    ARRIVALS: tl.constexpr,
 ):
-    """The partial that starts at slot s, over H block my_hb (if s starts one): finished, or to the scratch buffer."""
+    """The partial that starts at slot s, over H block my_hb (if s starts one): finished, or to the scratch buffer.
+
+    Sort path with ARRIVALS: a long run's partial, once stored, counts itself in the run's
+    arrival counter; the CTA barrier and the counter's release atomic publish the stores to the
+    long-run kernel, which reads the counter with acquire semantics (as CUTLASS's semaphore).
+    """
     keys_ptr = ws_ptr + _KEYS * n
     pos_ptr = ws_ptr + _POS * n
     is_first = s == run_start
@@ -485,10 +524,15 @@ def _partial(
         new = _round(old + gw, MAIN_ROUNDING)
         tl.store(main_row + cols, new.to(main_grad_ptr.dtype.element_ty), mask=cols < tl.where(finish, hidden, 0))
         tl.store(partials_ptr + row.to(tl.int64) * hidden + cols, acc, mask=cols < tl.where(in_long_run, hidden, 0))
-    if in_long_run & is_last & (my_hb == 0):
-        entry = tl.atomic_add(ws_ptr + _LONG * n, 1)
-        tl.store(ws_ptr + _LONG * n + _HEADER + 2 * entry, run_start)
-        tl.store(ws_ptr + _LONG * n + _HEADER + 1 + 2 * entry, k + 1)
+        if ARRIVALS:
+            if in_long_run:
+                tl.debug_barrier()  # every thread's part of the partial is stored before the release
+                tl.atomic_add(arrivals + run_start, 1, sem="release", scope="gpu")
+    if FEATURE_PATH:  # (the sort path's plan lists its long runs)
+        if in_long_run & is_last & (my_hb == 0):
+            entry = tl.atomic_add(ws_ptr + _LONG * n, 1)
+            tl.store(ws_ptr + _LONG * n + _HEADER + 2 * entry, run_start)
+            tl.store(ws_ptr + _LONG * n + _HEADER + 1 + 2 * entry, k + 1)
 
 
 @triton.jit
@@ -499,22 +543,43 @@ def _long_runs_kernel(
     n,  # number of tokens
     hidden,  # H
     main_grad_stride,
+    max_long_runs,  # entries of the long-run list
+    partial_hb,  # sort path: H blocks of _partials_kernel (arrivals per partial)
     FEATURE_PATH: tl.constexpr,
     SPAN: tl.constexpr,
     GRAD_ROUNDING: tl.constexpr,
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BATCH: tl.constexpr,  # partials loaded per step
+    ARRIVALS: tl.constexpr,  # sort path with PDL: wait on each run's arrival counter, not on the partials kernel
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
-    """Fold each listed run's partials in order, round, add to main_grad; programs stride the list."""
-    _pdl_enter(PDL)
+    """Fold each listed run's partials in order, round, add to main_grad; programs stride the list.
+
+    Sort path with PDL: the plan listed the long runs, so the list is final when this kernel's
+    programs start (the partials kernel lets them launch after its own wait on the plan). A
+    program with no run exits at once; one with a run waits for the partials kernel (or, with
+    ARRIVALS, for that run's partials alone) before folding it. Program (0, 0) always waits, so
+    this grid ends after the partials kernel's, as every kernel after it assumes.
+    """
+    early = PDL and not FEATURE_PATH
+    if early:
+        gdc_launch_dependents()
+    else:
+        _pdl_enter(PDL)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     live_h = cols < hidden
+    arrivals = ws_ptr + _LONG * n + _HEADER + 2 * max_long_runs
     for e in range(tl.program_id(0), tl.load(ws_ptr + _LONG * n), tl.num_programs(0)):
         run_start = tl.load(ws_ptr + _LONG * n + _HEADER + 2 * e)
         num_partials = tl.load(ws_ptr + _LONG * n + _HEADER + 1 + 2 * e)
         key = tl.load(ws_ptr + _KEYS * n + run_start)
+        if early:
+            if ARRIVALS:
+                while tl.atomic_add(arrivals + run_start, 0, sem="acquire", scope="gpu") < num_partials * partial_hb:
+                    pass
+            else:
+                gdc_wait()
         acc = tl.zeros([BLOCK_H], dtype=tl.float32)
         # BATCH partials' loads are in flight at once; the adds stay one at a time, in order.
         for k0 in range(0, num_partials, BATCH):
@@ -531,6 +596,9 @@ def _long_runs_kernel(
         if not FEATURE_PATH:
             acc = _round(acc, GRAD_ROUNDING)
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
+    if early:
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+            gdc_wait()
 
 
 # ----------------------------------------------------------------------------- launch helpers
@@ -556,6 +624,7 @@ class _Config:
     partial_maxnreg: int | None  # ptxas register cap of _partials_kernel (None: the compiler's choice)
     partial_programs: int  # sort path: _partials_kernel's programs, which stride the partials
     prefetch: bool  # sort path: _partials_kernel loads the next item's record before this item's rows
+    arrivals: bool  # sort path with PDL: the long-run kernel waits on each run's arrival counter
     pdl: bool  # launch with programmatic dependent launch (Hopper and later, not the interpreter)
     long_block_h: int
     long_programs: int
@@ -601,6 +670,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         partial_maxnreg=None,
         partial_programs=PARTIAL_PROGRAMS_PER_SM * sms,
         prefetch=True,
+        arrivals=True,
         pdl=pdl and not interpret,
         long_block_h=long_block_h,
         # Programs along the run list: an empty list costs ~1 us less at 64 than at 146, and a
@@ -696,8 +766,9 @@ def _position_strides(grad: torch.Tensor):
 class _Plan:
     """The plan on the device: one int32 workspace (embwgrad_core.plan names each piece)."""
 
-    workspace: torch.Tensor  # [_WORKSPACE_ARRAYS * n + _HEADER + 2 * max_long_runs]
+    workspace: torch.Tensor  # [_WORKSPACE_ARRAYS * n + _HEADER + 2 * max_long_runs + n]
     n: int
+    max_long_runs: int
 
     def _array(self, index: int) -> torch.Tensor:
         return self.workspace[index * self.n : (index + 1) * self.n]
@@ -709,17 +780,18 @@ class _Plan:
     partial_ord = property(lambda self: self._array(_AUX.value))
     run_end = property(lambda self: self._array(_RUN_END.value))
     records = property(lambda self: self.workspace[_REC.value * self.n : _LONG.value * self.n].view(self.n, _REC_FIELDS.value))
-    record_count = property(lambda self: self.workspace[_LONG.value * self.n + 1])
+    front_count = property(lambda self: self.workspace[_LONG.value * self.n + 1])  # sort path: long runs' records, from the front
     long_count = property(lambda self: self.workspace[_LONG.value * self.n])
     long_runs = property(lambda self: self.workspace[_LONG.value * self.n + _HEADER.value :])
+    back_count = property(lambda self: self.workspace[_LONG.value * self.n + 2])  # sort path: the other records, from the back
 
 
 def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
     """Stages 1 and 2: sort the tokens by key and find every slot's run start and end."""
     launch = launch or _Launcher()
     n = problem.num_tokens
-    ws = torch.empty(_WORKSPACE_ARRAYS * n + _HEADER.value + 2 * cfg.max_long_runs, dtype=torch.int32, device=ids.device)
-    plan = _Plan(ws, n)
+    ws = torch.empty(_WORKSPACE_ARRAYS * n + _HEADER.value + 2 * cfg.max_long_runs + n, dtype=torch.int32, device=ids.device)
+    plan = _Plan(ws, n, cfg.max_long_runs)
     keys_args = (ids, ws, n, problem.num_embeddings, problem.padding_idx)
     if cfg.sort == "merge":
         block_i = min(cfg.merge_block, cfg.merge_block_i)
@@ -736,7 +808,7 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
         launch(
             _merge_rank_kernel,
             (triton.cdiv(n, cfg.merge_u),),
-            (ws, n),
+            (ws, n, cfg.max_long_runs),
             cfg.merge_warps,
             pdl=cfg.pdl,
             BLOCK=cfg.merge_block,
@@ -757,7 +829,7 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
         plan.sorted_pos.copy_(order)
         ws[_LONG.value * n : _LONG.value * n + _HEADER.value].zero_()  # the counters, before the runs kernel appends records
     span = 0 if cfg.path == FEATURE else NROWS
-    launch(_runs_kernel, (triton.cdiv(n, cfg.runs_block),), (ws, n, n.bit_length()), 4, pdl=cfg.pdl, BLOCK=cfg.runs_block, SPAN=span)
+    launch(_runs_kernel, (triton.cdiv(n, cfg.runs_block),), (ws, n, n.bit_length(), cfg.max_long_runs), 4, pdl=cfg.pdl, BLOCK=cfg.runs_block, SPAN=span)
     return plan
 
 
@@ -774,7 +846,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
     launch(
         _partials_kernel,
         (items if cfg.path == FEATURE else min(items, cfg.partial_programs),),
-        (plan.workspace, grad, main_grad, partials, n, hidden, *strides, grad.stride(-1), main_grad.stride(0)),
+        (plan.workspace, grad, main_grad, partials, n, hidden, cfg.max_long_runs, *strides, grad.stride(-1), main_grad.stride(0)),
         cfg.partial_warps,
         pdl=cfg.pdl,
         maxnreg=cfg.partial_maxnreg,
@@ -785,6 +857,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         MAIN_ROUNDING=ROUNDING_CODE[problem.main_grad_dtype],
         BLOCK_H=cfg.block_h,
         PREFETCH=cfg.prefetch,
+        ARRIVALS=cfg.arrivals and cfg.pdl and cfg.path != FEATURE,
     )
     return partials
 
@@ -795,7 +868,8 @@ def _long_runs_stage(plan: _Plan, partials, main_grad, problem: Problem, cfg: _C
     launch(
         _long_runs_kernel,
         (cfg.long_programs, triton.cdiv(problem.hidden, cfg.long_block_h)),
-        (plan.workspace, partials, main_grad, problem.num_tokens, problem.hidden, main_grad.stride(0)),
+        (plan.workspace, partials, main_grad, problem.num_tokens, problem.hidden, main_grad.stride(0), cfg.max_long_runs,
+         triton.cdiv(problem.hidden, cfg.block_h)),
         cfg.long_warps,
         pdl=cfg.pdl,
         FEATURE_PATH=cfg.path == FEATURE,
@@ -804,6 +878,7 @@ def _long_runs_stage(plan: _Plan, partials, main_grad, problem: Problem, cfg: _C
         MAIN_ROUNDING=ROUNDING_CODE[problem.main_grad_dtype],
         BLOCK_H=cfg.long_block_h,
         BATCH=cfg.long_batch,
+        ARRIVALS=cfg.arrivals and cfg.pdl and cfg.path != FEATURE,
     )
 
 
