@@ -157,8 +157,11 @@ def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end
     long = run_end - run_start > SPAN
     front = (starts & long).to(tl.int32)
     back = (starts & ~long).to(tl.int32)
-    base_front = tl.atomic_add(ws_ptr + _LONG * n + 1, tl.sum(front, axis=0))
-    base_back = tl.atomic_add(ws_ptr + _LONG * n + 2, tl.sum(back, axis=0))
+    # An atomic only where it adds something: the counters are three hot addresses.
+    num_front = tl.sum(front, axis=0)
+    num_back = tl.sum(back, axis=0)
+    base_front = tl.atomic_add(ws_ptr + _LONG * n + 1, num_front, mask=num_front > 0)
+    base_back = tl.atomic_add(ws_ptr + _LONG * n + 2, num_back, mask=num_back > 0)
     index = tl.where(long, base_front + tl.cumsum(front, axis=0) - front, n - 1 - (base_back + tl.cumsum(back, axis=0) - back))
     rec = ws_ptr + _REC * n + index * _REC_FIELDS
     tl.store(rec, slot, mask=starts)
@@ -167,7 +170,8 @@ def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end
     tl.store(rec + 3, run_start, mask=starts)
     tl.store(rec + 4, run_end, mask=starts)
     first = (live & (key >= 0) & long & (slot == run_start)).to(tl.int32)
-    entry = tl.atomic_add(ws_ptr + _LONG * n, tl.sum(first, axis=0)) + tl.cumsum(first, axis=0) - first
+    num_first = tl.sum(first, axis=0)
+    entry = tl.atomic_add(ws_ptr + _LONG * n, num_first, mask=num_first > 0) + tl.cumsum(first, axis=0) - first
     listed = ws_ptr + _LONG * n + _HEADER + 2 * entry
     tl.store(listed, run_start, mask=first != 0)
     tl.store(listed + 1, (run_end - run_start + SPAN - 1) // SPAN, mask=first != 0)
