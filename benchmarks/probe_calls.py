@@ -20,12 +20,12 @@ SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is
 #: name -> _Config fields to override
 VARIANTS = {
     "default": {},
-    # The long-run kernel starts before the partials kernel ends (v8): programs without a run
-    # exit at once, the others fold their run once its partials are in (arrival counters);
-    # without arrivals, they wait for the whole partials kernel.
-    "no arrivals": dict(arrivals=False),
+    # v8: long runs folded by the partials kernel's first programs up to FOLD_ROLE_MAX_TOKENS;
+    # "fold kernel" folds them in the long-run kernel, started early, at every size.
+    "fold kernel": dict(fold_programs=0),
+    "fold role": dict(fold_programs=4 * SMS),
 }
-POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform"), (32768, "zipf")]
+POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (16384, "uniform"), (16384, "zipf"), (32768, "uniform"), (32768, "zipf")]
 
 
 def main(argv):

@@ -1,6 +1,7 @@
 """main_grad += embedding_dense_backward(grad, ids) in Triton, with PyTorch CUDA's bits.
 
-Design (SPEC.md; embwgrad_core.plan names the pieces). Four launches, no host synchronisation:
+Design (SPEC.md; embwgrad_core.plan names the pieces). Three or four launches, no host
+synchronisation:
 
 1. Sort the tokens by key, stably. Sort path, up to MERGE_SORT_MAX_TOKENS:
    ``_block_sort_kernel`` sorts blocks of merge_block(n) tokens by counting, then
@@ -11,22 +12,32 @@ Design (SPEC.md; embwgrad_core.plan names the pieces). Four launches, no host sy
    sort before it, which also gives every token its chunk's ordinal within its run.
 2. (torch.sort and the feature path) ``_runs_kernel`` finds every slot's run start and end by
    binary search. On the sort path the kernel that knows a slot's run (merge or runs) also
-   appends a record for each slot that starts a partial: slot, key, position, run start, run
-   end (one atomic per program).
+   publishes the partials: a record for each slot that starts one (slot, key, position, run
+   start, run end), long runs' partials at the front of the list and the others at its back,
+   and an entry in the long-run list for each run of more than one partial, with its arrival
+   counter zeroed (_append_records).
 3. ``_partials_kernel`` sums each partial's rows in fp32, in order, over one H block per
-   item. Sort path: a fixed grid strides the records, so no program is spent on a slot that
-   starts none; feature path: one program per (slot, H block). A run of one partial is
-   finished there (rounded and added into main_grad); a longer run's partials go to a
-   scratch buffer, and its last partial appends the run to a list. A partial of one row
-   (most of them when ids spread over a large vocabulary) is a plain copy-add.
-4. ``_long_runs_kernel`` folds each listed run's partials in order, rounds, adds to main_grad.
+   item. Sort path: a fixed grid strides the records, long runs' partials first, so no
+   program is spent on a slot that starts none; feature path: one program per (slot, H block).
+   A run of one partial is finished there (rounded and added into main_grad); a longer run's
+   partials go to a scratch buffer (sort path: each counts itself in its run's arrival counter;
+   feature path: the run's last partial lists the run). A partial of one row (most of them when
+   ids spread over a large vocabulary) is a plain copy-add. Sort path up to
+   FOLD_ROLE_MAX_TOKENS: the kernel's first programs fold the long runs as their partials
+   arrive (_fold_runs), and there is no fourth launch.
+4. Otherwise ``_long_runs_kernel`` folds each listed run's partials in order, rounds, adds to
+   main_grad. Sort path with PDL: its programs start while the partials kernel drains; those
+   without a run exit at once, the others wait on their run's arrival counter.
 
 No atomics touch floating-point data: every sum's order is PyTorch's. The atomics count
-integers (records, the long-run list), whose order changes no bit. Rounding to bf16 is done
-with integer operations, because Triton's interpreter truncates fp32 -> bf16.
+integers (records, the long-run list, arrivals), whose order changes no bit. Rounding to bf16
+is done with integer operations, because Triton's interpreter truncates fp32 -> bf16.
 
 On Hopper and later every launch uses programmatic dependent launch (_pdl_enter): the next
 kernel's programs start while the previous one drains, and wait on the device for its writes.
+Waiting on an arrival counter cannot deadlock: the long-run kernel's programs launch only once
+every partials program has started (each lets them launch after its own wait), and the folding
+programs inside the partials kernel are a few per SM, waiting on programs that never wait.
 
 The plan lives in one int32 workspace; kernels find its arrays at multiples of n (_KEYS ...).
 A call's launches after the first of each kind go straight to the compiled kernels
@@ -48,6 +59,9 @@ from embwgrad_core import CHUNK, FEATURE, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_
 from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args
+
+#: Sort path: up to this many tokens the partials kernel's first programs fold the long runs.
+FOLD_ROLE_MAX_TOKENS = 8192
 
 #: (BLOCK_I, BLOCK_J) of _rank_kernel (feature path) on a GPU, multiples of CHUNK: one chunk of
 #: tokens per program (32 programs for 1024 tokens), 8 chunks compared per step (4 steps).
@@ -361,6 +375,8 @@ def _partials_kernel(
     n,  # number of tokens
     hidden,  # H
     max_long_runs,  # entries of the long-run list
+    fold_lo,  # sort path with ARRIVALS: the first program that folds long runs
+    fold_programs,  # sort path with ARRIVALS: programs that fold long runs
     grad_dim1,  # 1 for a contiguous grad: Triton then folds the division away
     grad_stride0,
     grad_stride1,
@@ -373,7 +389,9 @@ def _partials_kernel(
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
     PREFETCH: tl.constexpr,  # sort path: load the next item's record before this item's rows
-    ARRIVALS: tl.constexpr,  # sort path: a long run's partials count themselves in its arrival counter
+    ARRIVALS: tl.constexpr,  # sort path: long runs are folded here, by programs [fold_lo, fold_lo + fold_programs)
+    FOLD_H: tl.constexpr,  # sort path: columns of one fold item
+    FOLD_BATCH: tl.constexpr,  # sort path: partials a fold loads at once
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sum every partial over every H block: items (partial, H block), H block fastest.
@@ -405,17 +423,26 @@ def _partials_kernel(
         front = tl.load(ws_ptr + _LONG * n + 1)
         items = (front + tl.load(ws_ptr + _LONG * n + 2)) * num_hb
         arrivals = ws_ptr + _LONG * n + _HEADER + 2 * max_long_runs
+        pid = tl.program_id(0)
+        first = pid  # this program's first item
         step = tl.num_programs(0)
+        if ARRIVALS:  # programs [fold_lo, fold_lo + fold_programs) fold the long runs
+            step -= fold_programs
+            folder = (pid >= fold_lo) & (pid < fold_lo + fold_programs)
+            if folder:
+                _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, pid - fold_lo,
+                           fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH)
+            first = tl.where(folder, items, pid - tl.where(pid >= fold_lo + fold_programs, fold_programs, 0))
         if PREFETCH:  # the next item's record is in flight while this item's rows are
-            s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, tl.program_id(0), items, num_hb, front)
-            for w in range(tl.program_id(0), items, step):
+            s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, first, items, num_hb, front)
+            for w in range(first, items, step):
                 s_next, key_next, pos_next, start_next, end_next = _load_record(ws_ptr, n, w + step, items, num_hb, front)
                 _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                          main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
                          FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, ARRIVALS)
                 s, key, pos0, run_start, run_end = s_next, key_next, pos_next, start_next, end_next
         else:
-            for w in range(tl.program_id(0), items, step):
+            for w in range(first, items, step):
                 s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, w, items, num_hb, front)
                 _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                          main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
@@ -539,6 +566,43 @@ def _partial(
             tl.store(ws_ptr + _LONG * n + _HEADER + 1 + 2 * entry, k + 1)
 
 
+@triton.jit(noinline=True)
+def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, fid, folders,
+               SPAN: tl.constexpr, GRAD_ROUNDING: tl.constexpr, MAIN_ROUNDING: tl.constexpr, FOLD_H: tl.constexpr,
+               FOLD_BATCH: tl.constexpr):
+    """Sort path, inside _partials_kernel: fold the listed long runs, (run, FOLD_H columns) items strided by `folders` programs.
+
+    Each item waits until all the run's partials have arrived (num_partials * num_hb items of
+    the partials kernel, counted with release atomics), reads the counter with acquire
+    semantics, then folds in order, rounds and adds to main_grad. With PDL the folding programs
+    come first in the grid and the long runs' partials first among the records, so the folds run
+    while the other partials are summed. Waiting cannot deadlock: the folders are a few programs
+    per SM, and the partials they wait for are taken by programs that never wait.
+    A function of its own (noinline), so that _partials_kernel keeps its registers (NOTES v3.1).
+    """
+    arrivals = ws_ptr + _LONG * n + _HEADER + 2 * max_long_runs
+    chunks = tl.cdiv(hidden, FOLD_H)
+    for f in range(fid, tl.load(ws_ptr + _LONG * n) * chunks, folders):
+        e = f // chunks
+        cols = (f % chunks) * FOLD_H + tl.arange(0, FOLD_H)
+        live_h = cols < hidden
+        run_start = tl.load(ws_ptr + _LONG * n + _HEADER + 2 * e)
+        num_partials = tl.load(ws_ptr + _LONG * n + _HEADER + 1 + 2 * e)
+        key = tl.load(ws_ptr + _KEYS * n + run_start)
+        while tl.atomic_add(arrivals + run_start, 0, sem="acquire", scope="gpu") < num_partials * num_hb:
+            pass
+        acc = tl.zeros([FOLD_H], dtype=tl.float32)
+        for k0 in range(0, num_partials, FOLD_BATCH):
+            for u in tl.static_range(FOLD_BATCH):
+                # Past the run's last partial, load that one again (no predicate, so all loads
+                # issue before the first add) and drop it.
+                k = tl.minimum(k0 + u, num_partials - 1)
+                row = _partial_row(run_start, k, False, SPAN)
+                part = tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0.0, cache_modifier=".cg")
+                acc = tl.where(k0 + u < num_partials, acc + part, acc)
+        _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, _round(acc, GRAD_ROUNDING), MAIN_ROUNDING)
+
+
 @triton.jit
 def _long_runs_kernel(
     ws_ptr,  # int32 workspace: sorted keys, the long-run counter and list
@@ -608,6 +672,12 @@ def _long_runs_kernel(
 # ----------------------------------------------------------------------------- launch helpers
 
 
+# ----------------------------------------------------------------------------- launch helpers
+
+
+# ----------------------------------------------------------------------------- launch helpers
+
+
 @dataclass(frozen=True)
 class _Config:
     """Launch parameters for one problem: the frontend's one heuristics helper (_config) fills it."""
@@ -628,7 +698,9 @@ class _Config:
     partial_maxnreg: int | None  # ptxas register cap of _partials_kernel (None: the compiler's choice)
     partial_programs: int  # sort path: _partials_kernel's programs, which stride the partials
     prefetch: bool  # sort path: _partials_kernel loads the next item's record before this item's rows
-    arrivals: bool  # sort path with PDL: the long-run kernel waits on each run's arrival counter
+    fold_programs: int  # sort path: _partials_kernel programs that fold the long runs (0: _long_runs_kernel does)
+    fold_h: int  # columns of one of their items
+    fold_batch: int  # partials they load at once
     pdl: bool  # launch with programmatic dependent launch (Hopper and later, not the interpreter)
     long_block_h: int
     long_programs: int
@@ -674,7 +746,11 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         partial_maxnreg=None,
         partial_programs=PARTIAL_PROGRAMS_PER_SM * sms,
         prefetch=True,
-        arrivals=True,
+        # Up to FOLD_ROLE_MAX_TOKENS tokens the partials kernel folds the long runs itself (no
+        # long-run kernel after it); above, its few folding programs fall behind (NOTES v8).
+        fold_programs=4 * sms if n <= FOLD_ROLE_MAX_TOKENS else 0,
+        fold_h=256,
+        fold_batch=16,
         pdl=pdl and not interpret,
         long_block_h=long_block_h,
         # Programs along the run list: an empty list costs ~1 us less at 64 than at 146, and a
@@ -847,10 +923,16 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         strides = _position_strides(grad)
     partials = torch.empty(partial_buffer_rows(n, cfg.path), hidden, dtype=torch.float32, device=main_grad.device)
     items = n * triton.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
+    folders = _folders(cfg)
+    programs = items if cfg.path == FEATURE else min(items, cfg.partial_programs) + folders
+    # With PDL the folding programs come first (they start first and fold while the others
+    # work); without it, last (Triton's interpreter runs programs in order, one at a time).
+    fold_lo = 0 if cfg.pdl else programs - folders
     launch(
         _partials_kernel,
-        (items if cfg.path == FEATURE else min(items, cfg.partial_programs),),
-        (plan.workspace, grad, main_grad, partials, n, hidden, cfg.max_long_runs, *strides, grad.stride(-1), main_grad.stride(0)),
+        (programs,),
+        (plan.workspace, grad, main_grad, partials, n, hidden, cfg.max_long_runs, fold_lo, folders, *strides, grad.stride(-1),
+         main_grad.stride(0)),
         cfg.partial_warps,
         pdl=cfg.pdl,
         maxnreg=cfg.partial_maxnreg,
@@ -861,9 +943,16 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         MAIN_ROUNDING=ROUNDING_CODE[problem.main_grad_dtype],
         BLOCK_H=cfg.block_h,
         PREFETCH=cfg.prefetch,
-        ARRIVALS=cfg.arrivals and cfg.pdl and cfg.path != FEATURE,
+        ARRIVALS=cfg.path != FEATURE,
+        FOLD_H=min(cfg.fold_h, cfg.block_h),
+        FOLD_BATCH=cfg.fold_batch,
     )
     return partials
+
+
+def _folders(cfg: _Config) -> int:
+    """Programs of _partials_kernel that fold the long runs: the sort path's; 0 on the feature path (_long_runs_kernel)."""
+    return 0 if cfg.path == FEATURE else cfg.fold_programs
 
 
 def _long_runs_stage(plan: _Plan, partials, main_grad, problem: Problem, cfg: _Config, launch=None) -> None:
@@ -882,7 +971,7 @@ def _long_runs_stage(plan: _Plan, partials, main_grad, problem: Problem, cfg: _C
         MAIN_ROUNDING=ROUNDING_CODE[problem.main_grad_dtype],
         BLOCK_H=cfg.long_block_h,
         BATCH=cfg.long_batch,
-        ARRIVALS=cfg.arrivals and cfg.pdl and cfg.path != FEATURE,
+        ARRIVALS=cfg.pdl and cfg.path != FEATURE,
     )
 
 
@@ -894,7 +983,8 @@ def _launch(ids, grad, main_grad, problem: Problem, path: str) -> None:
     launch = _Launcher(_CALLS.get(key), main_grad.device.index)
     plan = _plan_stage(ids, problem, cfg, launch)
     partials = _partials_stage(plan, grad, main_grad, problem, cfg, launch)
-    _long_runs_stage(plan, partials, main_grad, problem, cfg, launch)
+    if _folders(cfg) == 0:  # else the partials kernel folded the long runs
+        _long_runs_stage(plan, partials, main_grad, problem, cfg, launch)
     if key is not None and launch.replay is None and all(c is not None for c in launch.recorded):
         _CALLS[key] = launch.recorded
 
