@@ -1063,7 +1063,7 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
 
     Only the rows of ids are read and written: rows of ids that do not occur, of
     padding_idx, and of ids outside [0, V) (which are skipped, not checked: a check would
-    synchronise with the host) keep their bits. On CUDA the work is four Triton launches on
+    synchronise with the host) keep their bits. On CUDA the work is three or four Triton launches on
     the current stream with no host synchronisation, so it can be captured in a CUDA graph.
     On CPU it runs the core's NumPy reference (or the kernels under TRITON_INTERPRET=1).
 
