@@ -65,13 +65,13 @@ def variants():
             f"partials feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]}",
             ew._partials_kernel,
             types,
-            {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "ARRIVALS": not feature, "FOLD_H": 128, "FOLD_BATCH": 32},
+            {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "ARRIVALS": not feature, "FOLD_H": 256, "FOLD_BATCH": 16},
         )
         yield (
             f"long_runs feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]}",
             ew._long_runs_kernel,
             types,
-            {**common, "BLOCK_H": 256, "BATCH": 16, "ARRIVALS": not feature},
+            {**common, "BLOCK_H": 256, "BATCH": 16},
         )
 
 

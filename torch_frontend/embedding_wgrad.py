@@ -566,6 +566,31 @@ def _partial(
             tl.store(ws_ptr + _LONG * n + _HEADER + 1 + 2 * entry, k + 1)
 
 
+@triton.jit
+def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH: tl.constexpr, SPAN: tl.constexpr,
+          GRAD_ROUNDING: tl.constexpr, BATCH: tl.constexpr, CACHE: tl.constexpr):
+    """A long run's partials over these columns, folded in order and rounded to grad's dtype (as fp32).
+
+    BATCH partials' loads are in flight at once; the adds stay one at a time, in order. Past the
+    run's last partial the last one is loaded again (always an address, no predicate, so all
+    BATCH loads issue before the first add) and dropped. Feature path: each partial and each
+    step is rounded, as PyTorch's per-chunk sums are; sort path: the sum is rounded once.
+    """
+    acc = tl.zeros(cols.shape, dtype=tl.float32)
+    for k0 in range(0, num_partials, BATCH):
+        for u in tl.static_range(BATCH):
+            k = tl.minimum(k0 + u, num_partials - 1)
+            row = _partial_row(run_start, k, FEATURE_PATH, SPAN)
+            part = tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0.0, cache_modifier=CACHE)
+            if FEATURE_PATH:
+                acc = tl.where(k0 + u < num_partials, _round(acc + _round(part, GRAD_ROUNDING), GRAD_ROUNDING), acc)
+            else:
+                acc = tl.where(k0 + u < num_partials, acc + part, acc)
+    if not FEATURE_PATH:
+        acc = _round(acc, GRAD_ROUNDING)
+    return acc
+
+
 @triton.jit(noinline=True)
 def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, fid, folders,
                SPAN: tl.constexpr, GRAD_ROUNDING: tl.constexpr, MAIN_ROUNDING: tl.constexpr, FOLD_H: tl.constexpr,
@@ -591,16 +616,8 @@ def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride,
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         while tl.atomic_add(arrivals + run_start, 0, sem="acquire", scope="gpu") < num_partials * num_hb:
             pass
-        acc = tl.zeros([FOLD_H], dtype=tl.float32)
-        for k0 in range(0, num_partials, FOLD_BATCH):
-            for u in tl.static_range(FOLD_BATCH):
-                # Past the run's last partial, load that one again (no predicate, so all loads
-                # issue before the first add) and drop it.
-                k = tl.minimum(k0 + u, num_partials - 1)
-                row = _partial_row(run_start, k, False, SPAN)
-                part = tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0.0, cache_modifier=".cg")
-                acc = tl.where(k0 + u < num_partials, acc + part, acc)
-        _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, _round(acc, GRAD_ROUNDING), MAIN_ROUNDING)
+        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, False, SPAN, GRAD_ROUNDING, FOLD_BATCH, ".cg")
+        _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
 
 
 @triton.jit
@@ -619,16 +636,15 @@ def _long_runs_kernel(
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BATCH: tl.constexpr,  # partials loaded per step
-    ARRIVALS: tl.constexpr,  # sort path with PDL: wait on each run's arrival counter, not on the partials kernel
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Fold each listed run's partials in order, round, add to main_grad; programs stride the list.
 
     Sort path with PDL: the plan listed the long runs, so the list is final when this kernel's
     programs start (the partials kernel lets them launch after its own wait on the plan). A
-    program with no run exits at once; one with a run waits for the partials kernel (or, with
-    ARRIVALS, for that run's partials alone) before folding it. Program (0, 0) always waits, so
-    this grid ends after the partials kernel's, as every kernel after it assumes.
+    program with no run exits at once; one with a run waits on that run's arrival counter, not on
+    the whole partials kernel, then folds it. Program (0, 0) always waits on the partials kernel,
+    so this grid ends after that one's, as every kernel after it assumes.
     """
     early = PDL and not FEATURE_PATH
     if early:
@@ -642,37 +658,14 @@ def _long_runs_kernel(
         run_start = tl.load(ws_ptr + _LONG * n + _HEADER + 2 * e)
         num_partials = tl.load(ws_ptr + _LONG * n + _HEADER + 1 + 2 * e)
         key = tl.load(ws_ptr + _KEYS * n + run_start)
-        if early:
-            if ARRIVALS:
-                while tl.atomic_add(arrivals + run_start, 0, sem="acquire", scope="gpu") < num_partials * partial_hb:
-                    pass
-            else:
-                gdc_wait()
-        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-        # BATCH partials' loads are in flight at once; the adds stay one at a time, in order.
-        for k0 in range(0, num_partials, BATCH):
-            for u in tl.static_range(BATCH):
-                # Past the run's last partial, load that one again (always an address, no
-                # predicate, so all BATCH loads issue before the first add) and drop it.
-                k = tl.minimum(k0 + u, num_partials - 1)
-                row = _partial_row(run_start, k, FEATURE_PATH, SPAN)
-                part = tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0.0)
-                if FEATURE_PATH:
-                    acc = tl.where(k0 + u < num_partials, _round(acc + _round(part, GRAD_ROUNDING), GRAD_ROUNDING), acc)
-                else:
-                    acc = tl.where(k0 + u < num_partials, acc + part, acc)
-        if not FEATURE_PATH:
-            acc = _round(acc, GRAD_ROUNDING)
+        if early:  # this run's partials are in once its arrival counter is full
+            while tl.atomic_add(arrivals + run_start, 0, sem="acquire", scope="gpu") < num_partials * partial_hb:
+                pass
+        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "")
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
     if early:
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
             gdc_wait()
-
-
-# ----------------------------------------------------------------------------- launch helpers
-
-
-# ----------------------------------------------------------------------------- launch helpers
 
 
 # ----------------------------------------------------------------------------- launch helpers
@@ -971,7 +964,6 @@ def _long_runs_stage(plan: _Plan, partials, main_grad, problem: Problem, cfg: _C
         MAIN_ROUNDING=ROUNDING_CODE[problem.main_grad_dtype],
         BLOCK_H=cfg.long_block_h,
         BATCH=cfg.long_batch,
-        ARRIVALS=cfg.pdl and cfg.path != FEATURE,
     )
 
 
