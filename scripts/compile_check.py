@@ -65,7 +65,7 @@ def variants():
             f"partials feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]}",
             ew._partials_kernel,
             types,
-            {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "ARRIVALS": not feature, "FOLD_H": 256, "FOLD_BATCH": 16},
+            {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "FOLD_H": 256, "FOLD_BATCH": 16},
         )
         yield (
             f"long_runs feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]}",

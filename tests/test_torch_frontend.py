@@ -129,14 +129,15 @@ def test_stages_match_core_plan(route):
             expected = zip(slots, plan.sorted_keys[slots], plan.sorted_pos[slots], plan.run_start[slots], plan.run_end[slots])
             assert sorted(map(tuple, got)) == sorted(tuple(int(v) for v in r) for r in expected)
 
-    if path != FEATURE:  # the sort path's plan lists the long runs
+    def assert_long_runs_listed():
         count = int(device_plan.long_count)
         listed = {tuple(p) for p in device_plan.long_runs[: 2 * count].view(-1, 2).tolist()}
         assert listed == {tuple(p) for p in plan.long_runs.tolist()}
+
+    if path != FEATURE:  # the sort path's plan lists the long runs
+        assert_long_runs_listed()
     partials = ew._partials_stage(device_plan, grad_t, out, problem, cfg)
-    count = int(device_plan.long_count)
-    listed = {tuple(p) for p in device_plan.long_runs[: 2 * count].view(-1, 2).tolist()}
-    assert listed == {tuple(p) for p in plan.long_runs.tolist()}
+    assert_long_runs_listed()  # feature path: listed by the partials kernel; sort path: left as the plan listed them
     sums = reference.partial_sums(plan, grad.reshape(ids.size, -1))
     long = np.isin(plan.partial_run, np.flatnonzero(plan.run_partials > 1))
     assert long.any()

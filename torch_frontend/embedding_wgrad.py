@@ -160,6 +160,19 @@ def _load_keys(ids_ptr, idx, mask, num_embeddings, padding_idx):
 
 
 @triton.jit
+def _arrivals(ws_ptr, n, max_long_runs):
+    """Sort path: the arrival counters, one per slot, after the long-run list (_LONG)."""
+    return ws_ptr + _LONG * n + _HEADER + 2 * max_long_runs
+
+
+@triton.jit
+def _wait_for(counter_ptr, target):
+    """Spin until the counter reaches target; reading it with acquire semantics makes the writes published before it visible."""
+    while tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu") < target:
+        pass
+
+
+@triton.jit
 def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end, live, SPAN: tl.constexpr):
     """Sort path: publish a record (_REC) for each of these slots that starts a partial, and list the long runs.
 
@@ -189,7 +202,7 @@ def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end
     listed = ws_ptr + _LONG * n + _HEADER + 2 * entry
     tl.store(listed, run_start, mask=first != 0)
     tl.store(listed + 1, (run_end - run_start + SPAN - 1) // SPAN, mask=first != 0)
-    tl.store(ws_ptr + _LONG * n + _HEADER + 2 * max_long_runs + slot, 0, mask=first != 0)  # its arrival counter
+    tl.store(_arrivals(ws_ptr, n, max_long_runs) + slot, 0, mask=first != 0)  # its arrival counter
 
 
 @triton.jit
@@ -375,8 +388,8 @@ def _partials_kernel(
     n,  # number of tokens
     hidden,  # H
     max_long_runs,  # entries of the long-run list
-    fold_lo,  # sort path with ARRIVALS: the first program that folds long runs
-    fold_programs,  # sort path with ARRIVALS: programs that fold long runs
+    fold_lo,  # sort path: the first program that folds long runs
+    fold_programs,  # sort path: programs that fold long runs (0: _long_runs_kernel folds them)
     grad_dim1,  # 1 for a contiguous grad: Triton then folds the division away
     grad_stride0,
     grad_stride1,
@@ -389,7 +402,6 @@ def _partials_kernel(
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
     PREFETCH: tl.constexpr,  # sort path: load the next item's record before this item's rows
-    ARRIVALS: tl.constexpr,  # sort path: long runs are folded here, by programs [fold_lo, fold_lo + fold_programs)
     FOLD_H: tl.constexpr,  # sort path: columns of one fold item
     FOLD_BATCH: tl.constexpr,  # sort path: partials a fold loads at once
     PDL: tl.constexpr,  # launched with programmatic dependent launch
@@ -418,35 +430,32 @@ def _partials_kernel(
         run_start = tl.load(ws_ptr + _RUN_START * n + s)
         _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                  main_grad_stride, s, tl.program_id(0) % num_hb, key, pos0, run_start, 0, ws_ptr,
-                 FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, False)
+                 FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
     else:
         front = tl.load(ws_ptr + _LONG * n + 1)
         items = (front + tl.load(ws_ptr + _LONG * n + 2)) * num_hb
-        arrivals = ws_ptr + _LONG * n + _HEADER + 2 * max_long_runs
+        arrivals = _arrivals(ws_ptr, n, max_long_runs)
         pid = tl.program_id(0)
-        first = pid  # this program's first item
-        step = tl.num_programs(0)
-        if ARRIVALS:  # programs [fold_lo, fold_lo + fold_programs) fold the long runs
-            step -= fold_programs
-            folder = (pid >= fold_lo) & (pid < fold_lo + fold_programs)
-            if folder:
-                _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, pid - fold_lo,
-                           fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH)
-            first = tl.where(folder, items, pid - tl.where(pid >= fold_lo + fold_programs, fold_programs, 0))
+        step = tl.num_programs(0) - fold_programs
+        folder = (pid >= fold_lo) & (pid < fold_lo + fold_programs)  # programs [fold_lo, fold_lo + fold_programs) fold the long runs
+        if folder:
+            _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, pid - fold_lo,
+                       fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH)
+        first = tl.where(folder, items, pid - tl.where(pid >= fold_lo + fold_programs, fold_programs, 0))  # this program's first item
         if PREFETCH:  # the next item's record is in flight while this item's rows are
             s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, first, items, num_hb, front)
             for w in range(first, items, step):
                 s_next, key_next, pos_next, start_next, end_next = _load_record(ws_ptr, n, w + step, items, num_hb, front)
                 _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                          main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
-                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, ARRIVALS)
+                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
                 s, key, pos0, run_start, run_end = s_next, key_next, pos_next, start_next, end_next
         else:
             for w in range(first, items, step):
                 s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, w, items, num_hb, front)
                 _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                          main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
-                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, ARRIVALS)
+                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
 
 
 @triton.jit
@@ -484,11 +493,10 @@ def _partial(
     GRAD_ROUNDING: tl.constexpr,
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    ARRIVALS: tl.constexpr,
 ):
     """The partial that starts at slot s, over H block my_hb (if s starts one): finished, or to the scratch buffer.
 
-    Sort path with ARRIVALS: a long run's partial, once stored, counts itself in the run's
+    Sort path: a long run's partial, once stored, counts itself in the run's
     arrival counter; the CTA barrier and the counter's release atomic publish the stores to the
     long-run kernel, which reads the counter with acquire semantics (as CUTLASS's semaphore).
     """
@@ -555,7 +563,7 @@ def _partial(
         new = _round(old + gw, MAIN_ROUNDING)
         tl.store(main_row + cols, new.to(main_grad_ptr.dtype.element_ty), mask=cols < tl.where(finish, hidden, 0))
         tl.store(partials_ptr + row.to(tl.int64) * hidden + cols, acc, mask=cols < tl.where(in_long_run, hidden, 0))
-        if ARRIVALS:
+        if not FEATURE_PATH:
             if in_long_run:
                 tl.debug_barrier()  # every thread's part of the partial is stored before the release
                 tl.atomic_add(arrivals + run_start, 1, sem="release", scope="gpu")
@@ -605,7 +613,7 @@ def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride,
     per SM, and the partials they wait for are taken by programs that never wait.
     A function of its own (noinline), so that _partials_kernel keeps its registers (NOTES v3.1).
     """
-    arrivals = ws_ptr + _LONG * n + _HEADER + 2 * max_long_runs
+    arrivals = _arrivals(ws_ptr, n, max_long_runs)
     chunks = tl.cdiv(hidden, FOLD_H)
     for f in range(fid, tl.load(ws_ptr + _LONG * n) * chunks, folders):
         e = f // chunks
@@ -614,8 +622,7 @@ def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride,
         run_start = tl.load(ws_ptr + _LONG * n + _HEADER + 2 * e)
         num_partials = tl.load(ws_ptr + _LONG * n + _HEADER + 1 + 2 * e)
         key = tl.load(ws_ptr + _KEYS * n + run_start)
-        while tl.atomic_add(arrivals + run_start, 0, sem="acquire", scope="gpu") < num_partials * num_hb:
-            pass
+        _wait_for(arrivals + run_start, num_partials * num_hb)
         acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, False, SPAN, GRAD_ROUNDING, FOLD_BATCH, ".cg")
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
 
@@ -653,14 +660,13 @@ def _long_runs_kernel(
         _pdl_enter(PDL)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     live_h = cols < hidden
-    arrivals = ws_ptr + _LONG * n + _HEADER + 2 * max_long_runs
+    arrivals = _arrivals(ws_ptr, n, max_long_runs)
     for e in range(tl.program_id(0), tl.load(ws_ptr + _LONG * n), tl.num_programs(0)):
         run_start = tl.load(ws_ptr + _LONG * n + _HEADER + 2 * e)
         num_partials = tl.load(ws_ptr + _LONG * n + _HEADER + 1 + 2 * e)
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         if early:  # this run's partials are in once its arrival counter is full
-            while tl.atomic_add(arrivals + run_start, 0, sem="acquire", scope="gpu") < num_partials * partial_hb:
-                pass
+            _wait_for(arrivals + run_start, num_partials * partial_hb)
         acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "")
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
     if early:
@@ -936,7 +942,6 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         MAIN_ROUNDING=ROUNDING_CODE[problem.main_grad_dtype],
         BLOCK_H=cfg.block_h,
         PREFETCH=cfg.prefetch,
-        ARRIVALS=cfg.path != FEATURE,
         FOLD_H=min(cfg.fold_h, cfg.block_h),
         FOLD_BATCH=cfg.fold_batch,
     )
