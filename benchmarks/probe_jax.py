@@ -26,6 +26,8 @@ POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform
 #: name -> _Config overrides
 VARIANTS = {
     "default": (),
+    # v8 (branch jax-fold-role): long runs folded by _long_runs_kernel instead of the partials kernel's folding programs.
+    "fold kernel": (("fold_programs", 0),),
     "no prefetch": (("prefetch", False),),
     "partials 64/SM": (("partial_programs", 64 * ew._gpu_sms()),),
     "partials 1 warp": (("partial_warps", 1),),

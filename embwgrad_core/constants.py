@@ -41,6 +41,15 @@ MERGE_MIN_BLOCK = 256
 #: far slower for repeated ids (benchmarks/NOTES.md, v4). An implementation choice, not arithmetic.
 PARTIAL_PROGRAMS_PER_SM = 128
 
+#: Sort path: up to this many tokens the partials kernel's first programs (FOLD_PROGRAMS_PER_SM
+#: per SM) fold the long runs as their partials arrive, so no long-run kernel follows; above,
+#: those few programs fall behind the many long runs (32768 Zipf ids: 391 us against 343 with
+#: the long-run kernel, H200; benchmarks/NOTES.md v8). An implementation choice, not arithmetic.
+FOLD_ROLE_MAX_TOKENS = 8192
+
+#: Programs per SM that fold long runs inside the partials kernel (NOTES v8: 2 and 8 measured slower).
+FOLD_PROGRAMS_PER_SM = 4
+
 #: Path names, as :func:`embwgrad_core.plan.torch_path` returns them.
 FEATURE = "feature"
 SORT = "sort"

@@ -1,6 +1,6 @@
 """main_grad + embedding_dense_backward(grad, ids) in Pallas (Triton lowering), with PyTorch CUDA's bits.
 
-The JAX twin of torch_frontend/embedding_wgrad.py: the same four stages, the same fp32 adds
+The JAX twin of torch_frontend/embedding_wgrad.py: the same stages, the same fp32 adds
 in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
 
 1. Sort the tokens by key, stably. Pallas has no sort inside a kernel. Sort path, up to
@@ -14,19 +14,25 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
    it, which also gives every token its chunk's ordinal within its run.
 2. (lax.sort and the feature path) ``_runs_kernel`` finds every slot's run start and end by
    binary search. On the sort path the kernel that finds a slot's run (merge rank or runs)
-   also appends a record for each slot that starts a partial: slot, key, position, run start,
-   run end (``_append_records``: one atomic per program, in no particular order).
+   also publishes the partials (``_append_records``): a record for each slot that starts one
+   (slot, key, position, run start, run end), long runs' partials at the front of the list and
+   the others at its back, and an entry in the long-run list for each run of more than one
+   partial, with its arrival counter zeroed.
 3. ``_partials_kernel`` sums each partial's rows in fp32, in order, over one H block per item.
    Sort path: a fixed grid strides the records (the next item's record in flight while this
    item's rows are), so no program waits on a slot that starts none; feature path: one
    program per (slot, H block). A run of one partial is finished there (rounded and added
    into main_grad); a longer run's partials go to a scratch buffer at
-   ``embwgrad_core.partial_row``, and its last partial appends the run to a list. Partials of
-   one row load it with the main_grad row and are done.
-4. ``_long_runs_kernel`` folds each listed run's partials in order, rounds, adds to main_grad.
+   ``embwgrad_core.partial_row`` (feature path: its last partial appends the run to a list).
+   Partials of one row load it with the main_grad row and are done. Sort path up to
+   FOLD_ROLE_MAX_TOKENS: each parked partial counts itself in its run's arrival counter, and
+   the kernel's first programs fold each run once its partials are in (``_fold_item``); no
+   fourth kernel follows.
+4. Otherwise ``_long_runs_kernel`` folds each listed run's partials in order, rounds, adds to
+   main_grad.
 
-No atomics touch floating-point data; the atomics count records and long runs, whose order
-changes no bit. bf16 rounding is integer bit operations (as in the torch kernels), so both
+No atomics touch floating-point data; the atomics count records, long runs and arrivals, whose
+order changes no bit. bf16 rounding is integer bit operations (as in the torch kernels), so both
 frontends round by the same formula whatever a lowering does with fp32 -> bf16.
 
 JAX specifics:
@@ -37,7 +43,7 @@ JAX specifics:
   jit or a ``lax.scan`` that carries main_grad. Kernels read and write main_grad through the
   output ref: in interpret mode the aliased input ref is a separate, stale copy.
 * One CUDA graph: ``accumulate`` called on its own (no tracer among its arguments) is jitted
-  with ``xla_gpu_graph_min_graph_size=1``, so XLA launches its four kernels as one command
+  with ``xla_gpu_graph_min_graph_size=1``, so XLA launches its three or four kernels as one command
   buffer (by default a jit of fewer than five kernels launches them one by one). Inside a
   caller's jit, where jax allows no compiler options, the plain jit: the caller's compile
   decides, and a training step's command buffer holds our kernels with the rest.
@@ -68,6 +74,8 @@ from jax.experimental.pallas import triton as plgpu
 from embwgrad_core import (
     CHUNK,
     FEATURE,
+    FOLD_PROGRAMS_PER_SM,
+    FOLD_ROLE_MAX_TOKENS,
     MERGE_SORT_MAX_TOKENS,
     NROWS,
     PARTIAL_PROGRAMS_PER_SM,
@@ -133,16 +141,41 @@ FEATURE_BATCH = 4
 #: start, run end, three unused (a record fills one 32-byte sector).
 REC_FIELDS = 8
 
+#: The plan's counters (int32 [COUNTS]): long runs listed, then (sort path) the records of long
+#: runs' partials, counting up from record 0, and the other records, counting down from n - 1.
+COUNTS = 4
+_LISTED, _FRONT, _BACK = 0, 1, 2
 
-def _append_records(records_ref, record_count_ref, slot, key, pos, run_start, run_end, live, *, n: int):
-    """Sort path: append a record for each of these slots that starts a partial (one atomic), in no order."""
+
+def _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, *, n: int):
+    """Sort path: publish a record for each of these slots that starts a partial, and list the long runs (as the torch twin).
+
+    Partials of long runs (more than NROWS slots) go to the front of the record list, the
+    others to its back, so that the partials kernel takes the long runs' partials first. A long
+    run's first slot lists the run (run start, partials) and zeroes its arrival counter. An
+    atomic only where it adds something: the counters are hot addresses.
+    """
     starts = live & (key >= 0) & ((slot - run_start) % NROWS == 0)
-    flags = starts.astype(jnp.int32)
-    base = plgpu.atomic_add(record_count_ref, jnp.int32(0), jnp.sum(flags, dtype=jnp.int32))
-    # Lanes that append nothing scatter past the end (see _rank_kernel).
-    index = jnp.where(starts, base + jnp.cumsum(flags) - flags, n + lax.iota(jnp.int32, flags.shape[0]))
+    long = run_end - run_start > NROWS
+    lane = lax.iota(jnp.int32, slot.shape[0])
+
+    def append(flags, counter):  # (base + rank among these lanes) of each flagged lane
+        flags = flags.astype(jnp.int32)
+        total = jnp.sum(flags, dtype=jnp.int32)
+        # (A masked atomic has no interpret-mode rule; a literal 0 as a branch result no Triton lowering.)
+        base = lax.cond(total > 0, lambda t: plgpu.atomic_add(counts_ref, jnp.int32(counter), t), lambda t: t * 0, total)
+        return base + jnp.cumsum(flags) - flags
+
+    front, back = starts & long, starts & ~long
+    index = jnp.where(front, append(front, _FRONT), n - 1 - append(back, _BACK))
+    index = jnp.where(starts, index, n + lane)  # lanes that append nothing scatter past the end (see _rank_kernel)
     for field, value in enumerate((slot, key, pos, run_start, run_end)):
         plgpu.store(records_ref.at[index * REC_FIELDS + field], value, mask=starts)
+    first = live & (key >= 0) & long & (slot == run_start)
+    entry = jnp.where(first, append(first, _LISTED), long_runs_ref.shape[0] + lane)  # the others past the end, as above
+    plgpu.store(long_runs_ref.at[entry, 0], run_start, mask=first)
+    plgpu.store(long_runs_ref.at[entry, 1], (run_end - run_start + NROWS - 1) // NROWS, mask=first)
+    plgpu.store(arrivals_ref.at[jnp.where(first, slot, n + lane)], jnp.zeros_like(slot), mask=first)
 
 
 def _block_sort_kernel(
@@ -151,7 +184,7 @@ def _block_sort_kernel(
     # Outputs
     block_keys_ref,  # int32 [n]: every block's keys in sorted order, at the block's offset
     block_pos_ref,  # int32 [n]: their positions
-    record_count_ref,  # int32 [1]: the record counter, zeroed here
+    counts_ref,  # int32 [COUNTS]: the plan's counters, zeroed here
     *,
     n: int,
     num_embeddings: int,  # V
@@ -169,7 +202,7 @@ def _block_sort_kernel(
 
     @pl.when(first)
     def _():
-        record_count_ref[0] = jnp.int32(0)
+        plgpu.store(counts_ref.at[lax.iota(jnp.int32, COUNTS)], jnp.zeros((COUNTS,), jnp.int32))
 
     def compare(step, before):  # a token sorts before i: a smaller key, or an equal key at an earlier position
         j, key_j = load(b0 + step * tile, tile)
@@ -189,15 +222,16 @@ def _merge_rank_kernel(
     # Inputs
     block_keys_ref,  # int32 [n]: every block's keys in sorted order (_block_sort_kernel)
     block_pos_ref,  # int32 [n]: their positions
-    record_count_in_ref,  # int32 [1]: aliased to record_count_ref, never read
+    counts_in_ref,  # int32 [COUNTS]: aliased to counts_ref, never read
     # Outputs
     sorted_keys_ref,  # int32 [n]: keys in sorted order
     sorted_pos_ref,  # int32 [n]: positions in sorted order
     run_start_ref,  # int32 [n]: first slot of each slot's run
     run_end_ref,  # int32 [n]: one past the last slot of each slot's run
-    long_count_ref,  # int32 [1]: the long-run counter, zeroed here
+    counts_ref,  # int32 [COUNTS]: the plan's counters (zeroed by _block_sort_kernel)
     records_ref,  # int32 [n * REC_FIELDS]: a record per partial (_append_records)
-    record_count_ref,  # int32 [1]: records appended (zeroed by _block_sort_kernel)
+    long_runs_ref,  # int32 [max_long_runs, 2]: (run start, number of partials) of each long run
+    arrivals_ref,  # int32 [n]: arrival counters, zeroed where a long run starts
     *,
     n: int,
     block: int,  # tokens per block of _block_sort_kernel
@@ -212,7 +246,7 @@ def _merge_rank_kernel(
     its own block its local rank; the run starts after all keys < it and ends after all keys
     <= it (plan.merge_ranks).
     """
-    del record_count_in_ref
+    del counts_in_ref
     u0 = pl.program_id(0) * block_u
     u = u0 + lax.iota(jnp.int32, block_u)
     live = u < n
@@ -258,12 +292,7 @@ def _merge_rank_kernel(
     plgpu.store(sorted_pos_ref.at[slot], pos, mask=live)
     plgpu.store(run_start_ref.at[slot], run_start, mask=live)
     plgpu.store(run_end_ref.at[slot], run_end, mask=live)
-    first = pl.program_id(0) == 0
-    _append_records(records_ref, record_count_ref, slot, key, pos, run_start, run_end, live, n=n)
-
-    @pl.when(first)
-    def _():
-        long_count_ref[0] = jnp.int32(0)
+    _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, n=n)
 
 
 def _rank_kernel(
@@ -334,19 +363,20 @@ def _runs_kernel(
     # Inputs
     sorted_keys_ref,  # int32 [n]: keys in sorted order
     sorted_pos_ref,  # int32 [n]: positions in sorted order (read on the sort path)
-    record_count_in_ref,  # int32 [1]: sort path, zero, aliased to record_count_ref; never read
+    counts_in_ref,  # int32 [COUNTS]: sort path, zeros, aliased to counts_ref; never read
     # Outputs
     run_start_ref,  # int32 [n]: first slot of each slot's run
     run_end_ref,  # int32 [n]: one past the last slot of each slot's run
-    long_count_ref,  # int32 [1]: the long-run counter, zeroed here
+    counts_ref,  # int32 [COUNTS]: the plan's counters (feature path: the long-run counter zeroed here)
     records_ref,  # int32 [n * REC_FIELDS]: sort path, a record per partial (_append_records); feature path, unused
-    record_count_ref,  # int32 [1]: records appended
+    long_runs_ref,  # int32 [max_long_runs, 2]: sort path, the long runs listed
+    arrivals_ref,  # int32 [n]: sort path, arrival counters zeroed where a long run starts
     *,
     n: int,
     block: int,  # slots per program
     records: bool,  # sort path: append the records
 ):
-    del record_count_in_ref
+    del counts_in_ref
     first = pl.program_id(0) == 0
     s0 = pl.program_id(0) * block
     s = s0 + lax.iota(jnp.int32, block)
@@ -373,11 +403,12 @@ def _runs_kernel(
     plgpu.store(run_end_ref.at[pl.ds(s0, block)], lo_end, mask=live)
     if records:
         pos = plgpu.load(sorted_pos_ref.at[pl.ds(s0, block)], mask=live, other=0)
-        _append_records(records_ref, record_count_ref, s, key, pos, lo, lo_end, live, n=n)
+        _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, s, key, pos, lo, lo_end, live, n=n)
+    else:
 
-    @pl.when(first)
-    def _():
-        long_count_ref[0] = jnp.int32(0)
+        @pl.when(first)
+        def _():
+            counts_ref[_LISTED] = jnp.int32(0)
 
 
 def _partials_kernel(
@@ -387,15 +418,17 @@ def _partials_kernel(
     sorted_pos_ref,  # int32 [n]: positions in sorted order
     run_start_ref,  # int32 [n]: first slot of each slot's run
     records_ref,  # int32 [n * REC_FIELDS]: sort path, a record per partial (_append_records); feature path, unused
-    record_count_ref,  # int32 [1]: sort path, records appended; feature path, unused
     grad_ref,  # [n, H] bf16/fp16/fp32: position p's row is row p
     main_grad_in_ref,  # [V, H]: aliased to main_grad_ref, never read (stale in interpret mode)
-    long_count_in_ref,  # int32 [1]: aliased to long_count_ref, never read
+    counts_in_ref,  # int32 [COUNTS]: aliased to counts_ref, never read
+    long_runs_in_ref,  # int32 [max_long_runs, 2]: aliased to long_runs_ref, never read
+    arrivals_in_ref,  # int32 [n]: aliased to arrivals_ref, never read
     # Outputs
-    main_grad_ref,  # [V, H] bf16/fp16/fp32: rows of runs of one partial get their gradient
+    main_grad_ref,  # [V, H] bf16/fp16/fp32: rows of runs of one partial (and with folders, of long runs) get their gradient
     partials_ref,  # fp32 [partial_buffer_rows, H]: partial sums of long runs, at partial_row
-    long_runs_ref,  # int32 [max_long_runs, 2]: (run start, number of partials) of each long run
-    long_count_ref,  # int32 [1]: number of long runs listed
+    long_runs_ref,  # int32 [max_long_runs, 2]: (run start, number of partials) of each long run (sort path: the plan's)
+    counts_ref,  # int32 [COUNTS]: the plan's counters; feature path, [_LISTED] counts the long runs listed here
+    arrivals_ref,  # int32 [n]: sort path with folders, each run's partials that have arrived (at its first slot)
     *,
     n: int,
     hidden: int,  # H
@@ -405,6 +438,11 @@ def _partials_kernel(
     block_h: int,
     unroll: bool,  # the rows unrolled, their indices loaded first (as the torch twin), else a loop
     prefetch: bool,  # sort path: the next item's record loaded before this item's rows
+    folders: int,  # sort path: programs that fold the long runs here (0: _long_runs_kernel does)
+    fold_lo: int,  # the first of them (0 on a GPU, the last programs in interpret mode)
+    fold_h: int,  # columns of one of their items
+    fold_batch: int,  # partials they load at once
+    interpret: bool,  # Pallas interpret mode: programs run in order, one at a time (no barrier, no waiting)
 ):
     """Every partial's rows summed in order, over one H block per item (partial, H block).
 
@@ -414,8 +452,16 @@ def _partials_kernel(
     load their other positions, then the rows.
     Feature path: one program per (slot, H block); the next CHUNK slots' keys and positions
     come in the first round trip, and slots that start no partial stop there.
+
+    Sort path with folders (as the torch twin): a long run's partial, once stored, counts itself
+    in the run's arrival counter (a CTA barrier, then an acquire-release atomic), and programs
+    [fold_lo, fold_lo + folders) fold each listed run as soon as its counter is full (_fold_item).
+    The long runs' records come first, so the folds run while the other partials are summed.
+    Waiting cannot deadlock: the folders are a few programs per SM, and the partials they wait
+    for are taken by programs that never wait (in interpret mode, which runs programs in order,
+    the folders come last).
     """
-    del main_grad_in_ref, long_count_in_ref
+    del main_grad_in_ref, counts_in_ref, long_runs_in_ref, arrivals_in_ref
     feature = path == FEATURE
     span = CHUNK if feature else NROWS  # most slots in a partial
     num_hb = pl.cdiv(hidden, block_h)
@@ -462,11 +508,21 @@ def _partials_kernel(
             row = partial_row(run_start, k, path).astype(jnp.int32)  # embwgrad_core.partial_row
             plgpu.store(partials_ref.at[row, row_block], acc, mask=live_h & ~finish)
 
-            @pl.when(~finish & last & (hb == 0))
-            def _():
-                entry = plgpu.atomic_add(long_count_ref, jnp.int32(0), jnp.int32(1))
-                long_runs_ref[entry, 0] = run_start
-                long_runs_ref[entry, 1] = k + 1
+            if feature:  # the sort path's plan lists its long runs
+
+                @pl.when(~finish & last & (hb == 0))
+                def _():
+                    entry = plgpu.atomic_add(counts_ref, jnp.int32(_LISTED), jnp.int32(1))
+                    long_runs_ref[entry, 0] = run_start
+                    long_runs_ref[entry, 1] = k + 1
+
+            elif folders:
+
+                @pl.when(~finish)
+                def _():
+                    if not interpret:
+                        plgpu.debug_barrier()  # every thread's part of the partial is stored before the release
+                    plgpu.atomic_add(arrivals_ref, run_start, jnp.int32(1))
 
         def add_row(pos_t, take, acc):  # acc after the row at position pos_t, if take
             g = plgpu.load(grad_ref.at[pos_t, row_block], mask=live_h & take, other=0)
@@ -520,28 +576,98 @@ def _partials_kernel(
         item(s, p % num_hb, sorted_keys_ref[s], sorted_pos_ref[s], run_start_ref[s], None)
         return
 
-    items = record_count_ref[0] * num_hb
+    front = counts_ref[_FRONT]
+    items = (front + counts_ref[_BACK]) * num_hb
+    q = p  # this program's first item
+    if folders:
+        folder = (p >= fold_lo) & (p < fold_lo + folders)
+
+        @pl.when(folder)
+        def _():
+            chunks = pl.cdiv(hidden, fold_h)
+            fold = functools.partial(_fold_item, long_runs_ref, sorted_keys_ref, partials_ref, main_grad_ref, arrivals_ref, hidden=hidden,
+                                     chunks=chunks, partial_hb=num_hb, grad_dtype=grad_dtype, main_grad_dtype=main_grad_dtype,
+                                     fold_h=fold_h, batch=fold_batch, fid=p - fold_lo, folders=folders, wait=not interpret)
+            lax.fori_loop(0, (counts_ref[_LISTED] * chunks - (p - fold_lo) + folders - 1) // folders, fold, None)
+
+        programs -= folders
+        q = jnp.where(folder, items, p - (p >= fold_lo + folders).astype(jnp.int32) * folders)
 
     def load_record(w):  # (slot, key, position, run start, run end) of item w; zeros past the last item
-        rec = (w // num_hb) * REC_FIELDS
+        r = w // num_hb
+        rec = jnp.where(r < front, r, n - 1 - (r - front)) * REC_FIELDS  # long runs' records from the front, the others from the back
         return tuple(plgpu.load(records_ref.at[jnp.where(w < items, rec + f, 0)], mask=w < items, other=0) for f in range(5))
 
-    def record(t, fields):  # items p, p + programs, ...: H block fastest
-        w = p + t * programs
+    def record(t, fields):  # items q, q + programs, ...: H block fastest
+        w = q + t * programs
         following = load_record(w + programs) if prefetch else None  # in flight while this item's rows are
         if not prefetch:
             fields = load_record(w)
         item(fields[0], w % num_hb, *fields[1:])
         return following if prefetch else fields
 
-    first = load_record(p) if prefetch else (jnp.int32(0),) * 5
-    lax.fori_loop(0, (items - p + programs - 1) // programs, record, first)
+    first = load_record(q) if prefetch else (jnp.int32(0),) * 5
+    lax.fori_loop(0, (items - q + programs - 1) // programs, record, first)
+
+
+def _fold(partials_ref, run_start, num_partials, h0, width: int, live_h, *, path: str, grad_dtype: str, batch: int):
+    """A long run's partials over columns [h0, h0 + width), folded in order and rounded to grad's dtype (as fp32).
+
+    batch partials' loads are in flight at once; the adds stay one at a time, in order. Past the
+    run's last partial the last one is loaded again (an address, no predicate, so every load
+    issues before the first add) and dropped. Feature path: each partial and each step is
+    rounded, as PyTorch's per-chunk sums are; sort path: the sum is rounded once.
+    """
+    feature = path == FEATURE
+
+    def add_batch(b, acc):
+        parts = []
+        for u in range(batch):
+            take = b * batch + u < num_partials
+            k = jnp.minimum(b * batch + u, num_partials - 1)
+            row = partial_row(run_start, k, path).astype(jnp.int32)
+            parts.append((take, plgpu.load(partials_ref.at[row, pl.ds(h0, width)], mask=live_h, other=0.0)))
+        for take, part in parts:
+            if feature:
+                acc = jnp.where(take, _round(acc + _round(part, grad_dtype), grad_dtype), acc)
+            else:
+                acc = jnp.where(take, acc + part, acc)
+        return acc
+
+    acc = lax.fori_loop(0, (num_partials + batch - 1) // batch, add_batch, jnp.zeros((width,), jnp.float32))
+    return acc if feature else _round(acc, grad_dtype)
+
+
+def _fold_item(long_runs_ref, sorted_keys_ref, partials_ref, main_grad_ref, arrivals_ref, t, carry, *, hidden: int, chunks: int,
+               partial_hb: int, grad_dtype: str, main_grad_dtype: str, fold_h: int, batch: int, fid, folders: int, wait: bool):
+    """Sort path, a folding program of _partials_kernel: its t-th (long run, fold_h columns) item.
+
+    It waits until the run's arrival counter holds all its partials (num_partials *
+    partial_hb items of the partials kernel), reading it with an atomic add of 0 (acquire-release),
+    then folds them in order, rounds and adds to main_grad. Interpret mode (wait False) runs the
+    folders after every other program, and cannot discharge a loop on a ref's atomic.
+    """
+    f = fid + t * folders
+    e = f // chunks
+    h0 = (f % chunks) * fold_h
+    live_h = h0 + lax.iota(jnp.int32, fold_h) < hidden
+    run_start = long_runs_ref[e, 0]
+    num_partials = long_runs_ref[e, 1]
+
+    def arrived(_):
+        return plgpu.atomic_add(arrivals_ref, run_start, jnp.int32(0))
+
+    if wait:
+        lax.while_loop(lambda count: count < num_partials * partial_hb, arrived, arrived(None))
+    acc = _fold(partials_ref, run_start, num_partials, h0, fold_h, live_h, path=SORT, grad_dtype=grad_dtype, batch=batch)
+    _add_to_row(main_grad_ref, sorted_keys_ref[run_start], h0, live_h, acc, main_grad_dtype)
+    return carry
 
 
 def _long_runs_kernel(
     # Inputs
     long_runs_ref,  # int32 [max_long_runs, 2]: (run start, number of partials) of each long run
-    long_count_ref,  # int32 [1]: number of long runs listed
+    counts_ref,  # int32 [COUNTS]: [_LISTED] long runs listed
     sorted_keys_ref,  # int32 [n]: keys in sorted order
     partials_ref,  # fp32 [partial_buffer_rows, H]: partial sums of long runs
     main_grad_in_ref,  # [V, H]: aliased to main_grad_ref, never read
@@ -557,7 +683,6 @@ def _long_runs_kernel(
 ):
     """Fold each listed run's partials in order, round, add to main_grad; programs stride the list."""
     del main_grad_in_ref
-    feature = path == FEATURE
     program, programs = pl.program_id(0), pl.num_programs(0)
     h0 = pl.program_id(1) * block_h
     live_h = h0 + lax.iota(jnp.int32, block_h) < hidden
@@ -565,31 +690,11 @@ def _long_runs_kernel(
     def fold_run(t, carry):  # long runs program, program + programs, ...
         entry = program + t * programs
         run_start = long_runs_ref[entry, 0]
-        num_partials = long_runs_ref[entry, 1]
-
-        def add_batch(b, acc):  # batch partials' loads in flight at once; the adds one at a time, in order
-            parts = []
-            for u in range(batch):
-                # Past the run's last partial, load that one again (an address, no predicate,
-                # so every load issues before the first add) and drop it.
-                take = b * batch + u < num_partials
-                k = jnp.minimum(b * batch + u, num_partials - 1)
-                row = partial_row(run_start, k, path).astype(jnp.int32)
-                parts.append((take, plgpu.load(partials_ref.at[row, pl.ds(h0, block_h)], mask=live_h, other=0.0)))
-            for take, part in parts:
-                if feature:
-                    acc = jnp.where(take, _round(acc + _round(part, grad_dtype), grad_dtype), acc)
-                else:
-                    acc = jnp.where(take, acc + part, acc)
-            return acc
-
-        acc = lax.fori_loop(0, (num_partials + batch - 1) // batch, add_batch, jnp.zeros((block_h,), jnp.float32))
-        if not feature:
-            acc = _round(acc, grad_dtype)
+        acc = _fold(partials_ref, run_start, long_runs_ref[entry, 1], h0, block_h, live_h, path=path, grad_dtype=grad_dtype, batch=batch)
         _add_to_row(main_grad_ref, sorted_keys_ref[run_start], h0, live_h, acc, main_grad_dtype)
         return carry
 
-    lax.fori_loop(0, (long_count_ref[0] - program + programs - 1) // programs, fold_run, None)
+    lax.fori_loop(0, (counts_ref[_LISTED] - program + programs - 1) // programs, fold_run, None)
 
 
 # ----------------------------------------------------------------------------- launch helpers
@@ -616,6 +721,9 @@ class _Config:
     partial_warps: int  # _partials_kernel's num_warps
     partial_programs: int  # sort path: _partials_kernel's programs, which stride the records
     prefetch: bool  # sort path: _partials_kernel loads the next item's record before this item's rows
+    fold_programs: int  # sort path: _partials_kernel programs that fold the long runs (0: _long_runs_kernel does)
+    fold_h: int  # columns of one of their items
+    fold_batch: int  # partials they load at once
     # The short static loops of _merge_rank_kernel and _partials_kernel unrolled, as the torch
     # twin's (GPU), else loops: XLA:CPU compiles them several times faster in interpret mode.
     unroll: bool
@@ -686,6 +794,9 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         partial_warps=2,
         partial_programs=partial_programs,
         prefetch=True,
+        fold_programs=0 if feature or n > FOLD_ROLE_MAX_TOKENS else (2 if interpret else FOLD_PROGRAMS_PER_SM * _gpu_sms()),
+        fold_h=min(256, block_h),
+        fold_batch=1 if interpret else 16,
         unroll=not interpret,
         long_block_h=long_block_h,
         long_programs=long_programs,
@@ -732,23 +843,33 @@ class _Stages(NamedTuple):
     partial_ord: jax.Array | None  # int32 [n], feature path only
     run_start: jax.Array  # int32 [n]
     run_end: jax.Array  # int32 [n]
-    records: jax.Array | None  # int32 [n * REC_FIELDS], sort path only: the first record_count records are meaningful
-    record_count: jax.Array | None  # int32 [1], sort path only
+    # int32 [n * REC_FIELDS], sort path only: counts[_FRONT] records from the front (long runs'
+    # partials), counts[_BACK] from the back
+    records: jax.Array | None
+    counts: jax.Array  # int32 [COUNTS]
     partials: jax.Array  # fp32 [partial_buffer_rows, H]: meaningful at the partial rows of long runs
-    long_runs: jax.Array  # int32 [max_long_runs, 2]: the first long_count rows are meaningful
-    long_count: jax.Array  # int32 [1]
+    long_runs: jax.Array  # int32 [max_long_runs, 2]: the first counts[_LISTED] rows are meaningful
     main_grad: jax.Array  # [V, H]
 
 
+def _plan_shapes(n: int, cfg: _Config):
+    """Shapes of the plan's counters, records, long-run list and arrival counters."""
+    return [
+        jax.ShapeDtypeStruct((COUNTS,), jnp.int32),
+        jax.ShapeDtypeStruct((n * REC_FIELDS,), jnp.int32),
+        jax.ShapeDtypeStruct((cfg.max_long_runs, 2), jnp.int32),
+        jax.ShapeDtypeStruct((n,), jnp.int32),
+    ]
+
+
 def _merge_sort(ids, problem: Problem, cfg: _Config):
-    """Stages 1 and 2 by the merge-rank sort: (sorted_keys, sorted_pos, run_start, run_end, long_count zeroed, records, record_count)."""
+    """Stages 1 and 2 by the merge-rank sort: (sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals)."""
     n = problem.num_tokens
     slots = jax.ShapeDtypeStruct((n,), jnp.int32)
-    counter = jax.ShapeDtypeStruct((1,), jnp.int32)
-    block_keys, block_pos, record_count = _call(
+    block_keys, block_pos, counts = _call(
         _block_sort_kernel,
         cfg,
-        out_shape=[slots, slots, counter],
+        out_shape=[slots, slots, jax.ShapeDtypeStruct((COUNTS,), jnp.int32)],
         grid=(pl.cdiv(n, cfg.merge_block), cfg.merge_block // min(cfg.merge_block_i, cfg.merge_block)),
         name="embwgrad_block_sort",
         n=n,
@@ -761,9 +882,9 @@ def _merge_sort(ids, problem: Problem, cfg: _Config):
     return _call(
         _merge_rank_kernel,
         cfg,
-        out_shape=[slots, slots, slots, slots, counter, jax.ShapeDtypeStruct((n * REC_FIELDS,), jnp.int32), counter],
+        out_shape=[slots, slots, slots, slots, *_plan_shapes(n, cfg)],
         grid=(pl.cdiv(n, cfg.merge_u),),
-        input_output_aliases={2: 6},
+        input_output_aliases={2: 4},
         name="embwgrad_merge_rank",
         n=n,
         block=cfg.merge_block,
@@ -771,7 +892,7 @@ def _merge_sort(ids, problem: Problem, cfg: _Config):
         steps=cfg.merge_block.bit_length(),
         block_u=cfg.merge_u,
         unroll=cfg.unroll,
-    )(block_keys, block_pos, record_count)
+    )(block_keys, block_pos, counts)
 
 
 def _sort(ids, problem: Problem, cfg: _Config):
@@ -810,50 +931,54 @@ def _sort(ids, problem: Problem, cfg: _Config):
 
 
 def _runs(sorted_keys, sorted_pos, problem: Problem, cfg: _Config):
-    """Stage 2: (run_start, run_end, long_count zeroed, records, record_count); records only on the sort path."""
+    """Stage 2: (run_start, run_end, counts, records, long_runs, arrivals); records, long runs and arrivals only on the sort path."""
     n = problem.num_tokens
     records = cfg.path == SORT
-    counter = jax.ShapeDtypeStruct((1,), jnp.int32)
-    # The record counter must be zero before the kernel's atomics: on the sort path a zero
-    # buffer aliased to it. The feature path appends nothing, so its slot takes sorted_keys,
-    # unread and not aliased, and XLA fills no buffer for it.
-    record_count_in = jnp.zeros((1,), jnp.int32) if records else sorted_keys
+    # The counters must be zero before the kernel's atomics: on the sort path a zero buffer
+    # aliased to them. The feature path appends nothing here (its kernel zeroes the long-run
+    # counter), so its slot takes sorted_keys, unread and not aliased, and XLA fills no buffer.
+    counts_in = jnp.zeros((COUNTS,), jnp.int32) if records else sorted_keys
     return _call(
         _runs_kernel,
         cfg,
-        out_shape=[jax.ShapeDtypeStruct((n,), jnp.int32)] * 2 + [counter, jax.ShapeDtypeStruct((n * REC_FIELDS if records else 1,), jnp.int32), counter],
+        out_shape=[jax.ShapeDtypeStruct((n,), jnp.int32)] * 2 + _plan_shapes(n, cfg),
         grid=(pl.cdiv(n, cfg.runs_block),),
-        input_output_aliases={2: 4} if records else None,
+        input_output_aliases={2: 2} if records else None,
         name="embwgrad_runs",
         n=n,
         block=cfg.runs_block,
         records=records,
-    )(sorted_keys, sorted_pos, record_count_in)
+    )(sorted_keys, sorted_pos, counts_in)
 
 
-def _partials(plan, records, record_count, grad, main_grad, long_count, problem: Problem, cfg: _Config):
-    """Stage 3: sum every partial, finish runs of one partial, list the long runs.
+def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, problem: Problem, cfg: _Config):
+    """Stage 3: sum every partial, finish runs of one partial; feature path: list the long runs;
+    sort path with folding programs: fold them too.
 
     plan is (sorted_keys, sorted_pos, partial_ord or None, run_start, run_end). Returns
-    (main_grad, partials, long_runs, long_count), main_grad and long_count aliased to the inputs.
+    (main_grad, partials, long_runs, counts, arrivals), all but partials aliased to the inputs.
     """
     sorted_keys, sorted_pos, partial_ord, run_start, run_end = plan
     n, hidden = problem.num_tokens, problem.hidden
     feature = cfg.path == FEATURE
     kernel = _partials_kernel if feature else functools.partial(_partials_kernel, None)
-    inputs = [partial_ord] * feature + [sorted_keys, sorted_pos, run_start, records, record_count, grad, main_grad, long_count]
+    inputs = [partial_ord] * feature + [sorted_keys, sorted_pos, run_start, records, grad, main_grad, counts, long_runs, arrivals]
     items = n * pl.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
+    folders = 0 if feature else cfg.fold_programs
+    programs = items if feature else min(items, cfg.partial_programs) + folders
+    last = len(inputs) - 1
     return _call(
         kernel,
         cfg,
         out_shape=[
             jax.ShapeDtypeStruct(main_grad.shape, main_grad.dtype),
             jax.ShapeDtypeStruct((partial_buffer_rows(n, cfg.path), hidden), jnp.float32),
-            jax.ShapeDtypeStruct((cfg.max_long_runs, 2), jnp.int32),
-            jax.ShapeDtypeStruct((1,), jnp.int32),
+            jax.ShapeDtypeStruct(long_runs.shape, jnp.int32),
+            jax.ShapeDtypeStruct((COUNTS,), jnp.int32),
+            jax.ShapeDtypeStruct(arrivals.shape, jnp.int32),
         ],
-        grid=(items if feature else min(items, cfg.partial_programs),),
-        input_output_aliases={len(inputs) - 2: 0, len(inputs) - 1: 3},
+        grid=(programs,),
+        input_output_aliases={last - 3: 0, last - 1: 2, last - 2: 3, last: 4},
         num_warps=cfg.partial_warps,
         name="embwgrad_partials",
         n=n,
@@ -864,10 +989,16 @@ def _partials(plan, records, record_count, grad, main_grad, long_count, problem:
         block_h=cfg.block_h,
         unroll=cfg.unroll,
         prefetch=cfg.prefetch,
+        folders=folders,
+        # Interpret mode runs programs in order, one at a time: the folders, who wait, come last.
+        fold_lo=programs - folders if cfg.interpret else 0,
+        fold_h=min(cfg.fold_h, cfg.block_h),
+        fold_batch=cfg.fold_batch,
+        interpret=cfg.interpret,
     )(*inputs)
 
 
-def _long_runs(long_runs, long_count, sorted_keys, partials, main_grad, problem: Problem, cfg: _Config):
+def _long_runs(long_runs, counts, sorted_keys, partials, main_grad, problem: Problem, cfg: _Config):
     """Stage 4: fold every long run's partials in order and add the result to main_grad (aliased)."""
     return _call(
         _long_runs_kernel,
@@ -883,23 +1014,24 @@ def _long_runs(long_runs, long_count, sorted_keys, partials, main_grad, problem:
         main_grad_dtype=problem.main_grad_dtype,
         block_h=cfg.long_block_h,
         batch=cfg.long_batch,
-    )(long_runs, long_count, sorted_keys, partials, main_grad)
+    )(long_runs, counts, sorted_keys, partials, main_grad)
 
 
 def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config) -> _Stages:
-    """All four stages on ids [n] (flattened) and grad [n, H] into main_grad [V, H] (aliased)."""
+    """All stages on ids [n] (flattened) and grad [n, H] into main_grad [V, H] (aliased)."""
     if cfg.sort == MERGE:
-        sorted_keys, sorted_pos, run_start, run_end, long_count, records, record_count = _merge_sort(ids, problem, cfg)
+        sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals = _merge_sort(ids, problem, cfg)
         partial_ord = None
     else:
         sorted_keys, sorted_pos, partial_ord = _sort(ids, problem, cfg)
-        run_start, run_end, long_count, records, record_count = _runs(sorted_keys, sorted_pos, problem, cfg)
+        run_start, run_end, counts, records, long_runs, arrivals = _runs(sorted_keys, sorted_pos, problem, cfg)
     plan = (sorted_keys, sorted_pos, partial_ord, run_start, run_end)
-    main_grad, partials, long_runs, long_count = _partials(plan, records, record_count, grad, main_grad, long_count, problem, cfg)
-    main_grad = _long_runs(long_runs, long_count, sorted_keys, partials, main_grad, problem, cfg)
+    main_grad, partials, long_runs, counts, arrivals = _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, problem, cfg)
+    if cfg.path == FEATURE or cfg.fold_programs == 0:  # else the partials kernel folded the long runs
+        main_grad = _long_runs(long_runs, counts, sorted_keys, partials, main_grad, problem, cfg)
     if cfg.path == FEATURE:
-        records = record_count = None
-    return _Stages(*plan, records, record_count, partials, long_runs, long_count, main_grad)
+        records = None
+    return _Stages(*plan, records, counts, partials, long_runs, main_grad)
 
 
 # ----------------------------------------------------------------------------- public functions

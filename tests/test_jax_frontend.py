@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import jax_frontend
-from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
+from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, FOLD_ROLE_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
 from embwgrad_core.dtypes import numpy_dtype
 from jax_frontend import embedding_wgrad as ew
 from tests.cases import Case, assert_bits_equal, cpu_cases, gpu_cases, runs_ids, zipf_ids
@@ -165,6 +165,9 @@ STAGE_ROUTES = {
     "sort-rank": (SORT, (("sort", ew.RANK), ("block_i", 16), ("block_j", 8))),
     "sort-packed": (SORT, (("sort", ew.PACKED), ("prefetch", False))),
     "sort-pairs": (SORT, (("sort", ew.PAIRS), ("partial_programs", 3))),
+    # Long runs folded by _long_runs_kernel (as above FOLD_ROLE_MAX_TOKENS), and by 3 folding programs with more partials in flight.
+    "sort-merge-fold-kernel": (SORT, (("sort", ew.MERGE), ("fold_programs", 0))),
+    "sort-merge-fold-role": (SORT, (("sort", ew.MERGE), ("fold_programs", 3), ("fold_batch", 3), ("unroll", True))),
     "feature-rank": (FEATURE, (("block_i", 64), ("block_j", 32), ("unroll", True), ("long_batch", 3))),
     "feature-rank-wide-steps": (FEATURE, (("block_i", 32), ("block_j", 128))),
 }
@@ -196,12 +199,15 @@ def test_stages_match_core_plan(route):
         assert_bits_equal(stages.partial_ord, plan.partial_ord.astype(np.int32), "partial_ord")
     else:  # one record per partial that adds to main_grad, in any order
         assert stages.partial_ord is None
-        records = stages.records.reshape(-1, ew.REC_FIELDS)[: int(stages.record_count[0]), :5]
+        records = stages.records.reshape(-1, ew.REC_FIELDS)[:, :5]
+        front, back = int(stages.counts[ew._FRONT]), int(stages.counts[ew._BACK])
         s = plan.partial_slot[plan.sorted_keys[plan.partial_slot] >= 0]
-        expected = np.stack([s, plan.sorted_keys[s], plan.sorted_pos[s], plan.run_start[s], plan.run_end[s]], axis=1)
-        assert sorted(map(tuple, records.tolist())) == sorted(map(tuple, expected.tolist()))
+        in_long_run = plan.run_end[s] - plan.run_start[s] > NROWS  # long runs' records from the front, the others from the back
+        for got, slots in ((records[:front], s[in_long_run]), (records[ids.size - back :], s[~in_long_run])):
+            expected = np.stack([slots, plan.sorted_keys[slots], plan.sorted_pos[slots], plan.run_start[slots], plan.run_end[slots]], axis=1)
+            assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, expected.tolist()))
 
-    listed = stages.long_runs[: int(stages.long_count[0])]
+    listed = stages.long_runs[: int(stages.counts[ew._LISTED])]
     expected_runs = plan.long_runs.astype(np.int32)
     assert_bits_equal(np.array(sorted(map(tuple, listed)), np.int32), np.array(sorted(map(tuple, expected_runs)), np.int32), "long runs")
     assert len(plan.long_runs) >= 3  # the case has long runs, and the three programs share them
@@ -368,9 +374,11 @@ def test_cuda_lowering_is_triton_and_aliases_main_grad(n, x64, plan_kernels):
         text = _cuda_module(ew._accumulate, ids, grad, main_grad, overrides=(("interpret", False),))
     calls = [line for line in text.splitlines() if TRITON_CALL.search(line)]
     names = [re.search(r'name = "(\w+)"', line).group(1) for line in calls]
-    assert names == plan_kernels + ["embwgrad_partials", "embwgrad_long_runs"]
+    # The sort path up to FOLD_ROLE_MAX_TOKENS folds the long runs in the partials kernel.
+    long_runs = plan_kernels == FEATURE_KERNELS or n > FOLD_ROLE_MAX_TOKENS
+    assert names == plan_kernels + ["embwgrad_partials"] + ["embwgrad_long_runs"] * long_runs
     warps = [int(re.search(r"num_warps = (\d+)", line).group(1)) for line in calls]
-    assert warps == [4] * len(plan_kernels) + [2, 1]  # _Config.partial_warps, long_warps
+    assert warps == [4] * len(plan_kernels) + [2] + [1] * long_runs  # _Config.partial_warps, long_warps
     assert all("num_stages = 2" in line for line in calls)
     assert ("stablehlo.sort" in text) == (plan_kernels == ["embwgrad_runs"])
     assert re.search(r"%arg2: tensor<129280x7168xf32> \{[^}]*tf\.aliasing_output = 0", text)  # donated
@@ -387,7 +395,7 @@ def test_cuda_lowering_of_user_scan_aliases_main_grad():
     assert re.search(r"%arg2: tensor<129280x1024xf32> \{[^}]*tf\.aliasing_output = 0", text)
     assert "stablehlo.while" in text
     writers = [line for line in text.splitlines() if TRITON_CALL.search(line) and re.search("embwgrad_(partials|long_runs)", line)]
-    assert len(writers) == 2 and all("output_operand_aliases" in line for line in writers)
+    assert len(writers) == 1 and all("output_operand_aliases" in line for line in writers)  # 4096 tokens: no long-run kernel
 
 
 # ----------------------------------------------------------------------------- against XLA's dense route

@@ -55,13 +55,10 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime import driver
 from triton.runtime.interpreter import InterpretedFunction
 
-from embwgrad_core import CHUNK, FEATURE, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, merge_block, merge_tiles, partial_buffer_rows, torch_path
+from embwgrad_core import CHUNK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, merge_block, merge_tiles, partial_buffer_rows, torch_path
 from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args
-
-#: Sort path: up to this many tokens the partials kernel's first programs fold the long runs.
-FOLD_ROLE_MAX_TOKENS = 8192
 
 #: (BLOCK_I, BLOCK_J) of _rank_kernel (feature path) on a GPU, multiples of CHUNK: one chunk of
 #: tokens per program (32 programs for 1024 tokens), 8 chunks compared per step (4 steps).
@@ -745,9 +742,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         partial_maxnreg=None,
         partial_programs=PARTIAL_PROGRAMS_PER_SM * sms,
         prefetch=True,
-        # Up to FOLD_ROLE_MAX_TOKENS tokens the partials kernel folds the long runs itself (no
-        # long-run kernel after it); above, its few folding programs fall behind (NOTES v8).
-        fold_programs=4 * sms if n <= FOLD_ROLE_MAX_TOKENS else 0,
+        fold_programs=FOLD_PROGRAMS_PER_SM * sms if n <= FOLD_ROLE_MAX_TOKENS else 0,
         fold_h=256,
         fold_batch=16,
         pdl=pdl and not interpret,
