@@ -26,8 +26,8 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
    ``embwgrad_core.partial_row`` (feature path: its last partial appends the run to a list).
    Partials of one row load it with the main_grad row and are done. Sort path up to
    FOLD_ROLE_MAX_TOKENS: each parked partial counts itself in its run's arrival counter, and
-   the kernel's first programs fold each run once its partials are in (``_fold_item``); no
-   fourth kernel follows.
+   a few of the kernel's programs, those right after the programs of the long runs' partials,
+   fold each run once its partials are in (``_fold_item``); no fourth kernel follows.
 4. Otherwise ``_long_runs_kernel`` folds each listed run's partials in order, rounds, adds to
    main_grad.
 
@@ -456,7 +456,9 @@ def _partials_kernel(
     Sort path with folders (as the torch twin): a long run's partial, once stored, counts itself
     in the run's arrival counter (a CTA barrier, then an acquire-release atomic), and programs
     [fold_lo, fold_lo + folders) fold each listed run as soon as its counter is full (_fold_item).
-    The long runs' records come first, so the folds run while the other partials are summed.
+    The long runs' records come first, and on a GPU the folders are the programs right after
+    those that take them (programs start in order), so they wait little and fold while the
+    other partials are summed.
     Waiting cannot deadlock: the folders are a few programs per SM, and the partials they wait
     for are taken by programs that never wait (in interpret mode, which runs programs in order,
     the folders come last).
@@ -580,6 +582,7 @@ def _partials_kernel(
     items = (front + counts_ref[_BACK]) * num_hb
     q = p  # this program's first item
     if folders:
+        fold_lo = jnp.minimum(front * num_hb + fold_lo, programs - folders)  # after the long runs' partials (interpret: last)
         folder = (p >= fold_lo) & (p < fold_lo + folders)
 
         @pl.when(folder)
@@ -990,7 +993,8 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
         unroll=cfg.unroll,
         prefetch=cfg.prefetch,
         folders=folders,
-        # Interpret mode runs programs in order, one at a time: the folders, who wait, come last.
+        # The folders follow the programs of the long runs' partials (the kernel adds their number);
+        # interpret mode runs programs in order, one at a time: the folders, who wait, come last.
         fold_lo=programs - folders if cfg.interpret else 0,
         fold_h=min(cfg.fold_h, cfg.block_h),
         fold_batch=cfg.fold_batch,
