@@ -794,7 +794,10 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         block_j=block_j,
         runs_block=1024,
         block_h=block_h,
-        partial_warps=2,
+        # Two warps where the partials kernel also folds (and on the feature path); one above
+        # FOLD_ROLE_MAX_TOKENS, where the long-run kernel folds: H200, 16384-131072 tokens 2-4%
+        # faster, 4096-8192 3-5% slower (NOTES v9).
+        partial_warps=1 if not feature and n > FOLD_ROLE_MAX_TOKENS else 2,
         partial_programs=partial_programs,
         prefetch=True,
         fold_programs=0 if feature or n > FOLD_ROLE_MAX_TOKENS else (2 if interpret else FOLD_PROGRAMS_PER_SM * _gpu_sms()),
