@@ -42,9 +42,10 @@ MERGE_MIN_BLOCK = 256
 PARTIAL_PROGRAMS_PER_SM = 128
 
 #: Sort path: up to this many tokens a few of the partials kernel's programs (FOLD_PROGRAMS_PER_SM
-#: per SM, right after those of the long runs' partials) fold the long runs as their partials arrive, so no long-run kernel follows; above,
-#: those few programs fall behind the many long runs (32768 Zipf ids: 391 us against 343 with
-#: the long-run kernel, H200; benchmarks/NOTES.md v8). An implementation choice, not arithmetic.
+#: per SM, right after those of the long runs' partials) fold the long runs as their partials
+#: arrive, so no long-run kernel follows; above, those few programs fall behind the many long
+#: runs (32768 Zipf ids: 391 us against 343 with the long-run kernel, H200; benchmarks/NOTES.md
+#: v8). An implementation choice, not arithmetic.
 FOLD_ROLE_MAX_TOKENS = 8192
 
 #: Programs per SM that fold long runs inside the partials kernel (NOTES v8: 2 and 8 measured slower).
