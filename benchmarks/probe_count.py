@@ -1,0 +1,99 @@
+"""How long an all-pairs counting kernel takes (NOTES v9, what should move next, item 1).
+
+    python benchmarks/probe_count.py
+
+For n tokens, each token's keys below its key (run start), keys up to it (run end) and equal
+keys at earlier positions (slot = run start + those) by comparing against all n keys: the
+first kernel of a plan that would know at once which tokens are their key's only token. Timed
+alone in a CUDA graph against the torch frontend's plan kernels alone (block sort + merge),
+and checked against NumPy. Variants: tokens per program x keys per step, warps, and whether
+the steps are unrolled (all key loads issued first) or a loop.
+"""
+
+import sys
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from bench_torch import graph_ms
+from common import ids_for
+
+from tests.cases import REAL_V
+from torch_frontend import embedding_wgrad as ew
+
+
+@triton.jit
+def _count_kernel(ids_ptr, out_ptr, n, BLOCK_I: tl.constexpr, TILE: tl.constexpr, STEPS: tl.constexpr, UNROLL: tl.constexpr):
+    """out[0, i] = keys < key_i, out[1, i] = keys <= key_i, out[2, i] = keys == key_i at positions < i."""
+    i = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
+    live = i < n
+    key_i = tl.load(ids_ptr + i, mask=live, other=0).to(tl.int32)
+    lt = tl.zeros([BLOCK_I], dtype=tl.int32)
+    le = tl.zeros([BLOCK_I], dtype=tl.int32)
+    eq = tl.zeros([BLOCK_I], dtype=tl.int32)
+    if UNROLL:
+        for s in tl.static_range(STEPS):
+            j = s * TILE + tl.arange(0, TILE)
+            key_j = tl.load(ids_ptr + j, mask=j < n, other=2**31 - 1).to(tl.int32)
+            lt += tl.sum((key_j[None, :] < key_i[:, None]).to(tl.int32), axis=1)
+            le += tl.sum((key_j[None, :] <= key_i[:, None]).to(tl.int32), axis=1)
+            eq += tl.sum(((key_j[None, :] == key_i[:, None]) & (j[None, :] < i[:, None])).to(tl.int32), axis=1)
+    else:
+        for j0 in range(0, n, TILE):
+            j = j0 + tl.arange(0, TILE)
+            key_j = tl.load(ids_ptr + j, mask=j < n, other=2**31 - 1).to(tl.int32)
+            lt += tl.sum((key_j[None, :] < key_i[:, None]).to(tl.int32), axis=1)
+            le += tl.sum((key_j[None, :] <= key_i[:, None]).to(tl.int32), axis=1)
+            eq += tl.sum(((key_j[None, :] == key_i[:, None]) & (j[None, :] < i[:, None])).to(tl.int32), axis=1)
+    tl.store(out_ptr + i, lt, mask=live)
+    tl.store(out_ptr + n + i, le, mask=live)
+    tl.store(out_ptr + 2 * n + i, eq, mask=live)
+
+
+VARIANTS = [  # (BLOCK_I, TILE, warps, unroll)
+    (16, 256, 4, True),
+    (16, 512, 4, True),
+    (8, 512, 4, True),
+    (32, 256, 4, True),
+    (16, 256, 4, False),
+    (16, 1024, 8, True),
+    (8, 256, 2, True),
+]
+
+
+def main(argv):
+    for n in (4096, 8192):
+        ids_np = ids_for("uniform", n, REAL_V)
+        ids = torch.from_numpy(ids_np.astype(np.int32)).cuda()
+        keys = ids_np.astype(np.int64)
+        order = np.argsort(keys, kind="stable")
+        lt_ref = np.searchsorted(np.sort(keys), keys, side="left")
+        le_ref = np.searchsorted(np.sort(keys), keys, side="right")
+        slot_ref = np.empty(n, np.int64)
+        slot_ref[order] = np.arange(n)
+        out = torch.empty(3 * n, dtype=torch.int32, device="cuda")
+        # The torch frontend's plan alone (block sort + merge, records), for comparison.
+        grad = torch.empty(n, 7168, dtype=torch.bfloat16, device="cuda")
+        main_grad = torch.empty(REAL_V, 7168, dtype=torch.float32, device="cuda")
+        problem = ew._check(ids, grad, main_grad, None)
+        sms, pdl = ew._device_traits(0)
+        cfg = ew._config(problem, "sort", False, sms, pdl)
+        plan_us = graph_ms(lambda: ew._plan_stage(ids, problem, cfg)) * 1e3
+        print(f"n={n}: plan kernels alone (block sort + merge) {plan_us:.1f} us", flush=True)
+        for block_i, tile, warps, unroll in VARIANTS:
+            steps = triton.cdiv(n, tile)
+            grid = (triton.cdiv(n, block_i),)
+
+            def run(block_i=block_i, tile=tile, warps=warps, unroll=unroll, steps=steps, grid=grid):
+                _count_kernel[grid](ids, out, n, BLOCK_I=block_i, TILE=tile, STEPS=steps, UNROLL=unroll, num_warps=warps)
+
+            run()
+            got = out.view(3, n).cpu().numpy()
+            exact = (got[0] == lt_ref).all() and (got[1] == le_ref).all() and (got[0] + got[2] == slot_ref).all()
+            us = graph_ms(run) * 1e3
+            print(f"n={n}: count {block_i}x{tile} w{warps} {'unrolled' if unroll else 'loop'}: {us:.1f} us, exact={exact}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
