@@ -51,6 +51,41 @@ def _count_kernel(ids_ptr, out_ptr, n, BLOCK_I: tl.constexpr, TILE: tl.constexpr
     tl.store(out_ptr + 2 * n + i, eq, mask=live)
 
 
+@triton.jit
+def _count_stream_kernel(ids_ptr, out_ptr, n, BLOCK_I: tl.constexpr, WAYS: tl.constexpr, UNROLL: tl.constexpr):
+    """The same counts, summed inside each thread: a [WAYS, BLOCK_I] tile, each of its WAYS rows
+    (a warp, with WAYS = num_warps) streams its own slice of the keys one key at a time, each
+    lane holding one token; one cross-row sum at the end."""
+    i = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
+    live = i < n
+    key_i = tl.load(ids_ptr + i, mask=live, other=0).to(tl.int32)[None, :]
+    pos_i = i[None, :]
+    way = tl.arange(0, WAYS)[:, None]
+    share = tl.cdiv(n, WAYS)
+    lt = tl.zeros([WAYS, BLOCK_I], dtype=tl.int32)
+    le = tl.zeros([WAYS, BLOCK_I], dtype=tl.int32)
+    eq = tl.zeros([WAYS, BLOCK_I], dtype=tl.int32)
+    end = tl.minimum((way + 1) * share, n)  # [WAYS, 1]: one past this row's last key
+    for j0 in range(0, share, UNROLL):
+        for u in tl.static_range(UNROLL):
+            j = way * share + j0 + u  # [WAYS, 1]: one key per row
+            key_j = tl.load(ids_ptr + j, mask=j < end, other=2**31 - 1).to(tl.int32)
+            lt += (key_j < key_i).to(tl.int32)
+            le += (key_j <= key_i).to(tl.int32)
+            eq += ((key_j == key_i) & (j < pos_i)).to(tl.int32)
+    tl.store(out_ptr + i, tl.sum(lt, axis=0), mask=live)
+    tl.store(out_ptr + n + i, tl.sum(le, axis=0), mask=live)
+    tl.store(out_ptr + 2 * n + i, tl.sum(eq, axis=0), mask=live)
+
+
+STREAM_VARIANTS = [  # (BLOCK_I, WAYS = warps, UNROLL)
+    (32, 4, 16),
+    (32, 8, 16),
+    (64, 4, 16),
+    (32, 4, 64),
+    (32, 16, 16),
+]
+
 VARIANTS = [  # (BLOCK_I, TILE, warps, unroll)
     (16, 256, 4, True),
     (16, 512, 4, True),
@@ -93,6 +128,17 @@ def main(argv):
             exact = (got[0] == lt_ref).all() and (got[1] == le_ref).all() and (got[0] + got[2] == slot_ref).all()
             us = graph_ms(run) * 1e3
             print(f"n={n}: count {block_i}x{tile} w{warps} {'unrolled' if unroll else 'loop'}: {us:.1f} us, exact={exact}", flush=True)
+        for block_i, ways, unroll in STREAM_VARIANTS:
+            grid = (triton.cdiv(n, block_i),)
+
+            def run(block_i=block_i, ways=ways, unroll=unroll, grid=grid):
+                _count_stream_kernel[grid](ids, out, n, BLOCK_I=block_i, WAYS=ways, UNROLL=unroll, num_warps=ways)
+
+            run()
+            got = out.view(3, n).cpu().numpy()
+            exact = (got[0] == lt_ref).all() and (got[1] == le_ref).all() and (got[0] + got[2] == slot_ref).all()
+            us = graph_ms(run) * 1e3
+            print(f"n={n}: count, streamed keys, {block_i} tokens x {ways} ways, unroll {unroll}: {us:.1f} us, exact={exact}", flush=True)
 
 
 if __name__ == "__main__":
