@@ -61,10 +61,16 @@ def graph_ms(fn) -> float:
 def config_overrides(**fields):
     """Inside, torch_frontend calls run with these _Config fields replaced (for the probes).
 
+    A value may be a function of the problem's own config (for a field derived from n).
     The launches recorded for replay belong to a config, so they are dropped on the way in and out.
     """
     original = ew._config
-    ew._config = lambda *a, **k: dataclasses.replace(original(*a, **k), **fields)
+
+    def replaced(*a, **k):
+        cfg = original(*a, **k)
+        return dataclasses.replace(cfg, **{f: v(cfg) if callable(v) else v for f, v in fields.items()})
+
+    ew._config = replaced
     ew._CALLS.clear()
     try:
         yield

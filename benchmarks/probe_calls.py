@@ -24,6 +24,11 @@ VARIANTS = {
     # "fold kernel" folds them in the long-run kernel, started early, at every size.
     "fold kernel": dict(fold_programs=0),
     "fold role": dict(fold_programs=4 * SMS),
+    # v9 (not yet measured): the merge kernel's searches spread over more programs. At 4096
+    # tokens its 1024 lanes per program make 64 programs (about half the SMs), each thread
+    # issuing 16 scattered loads per search step; 256 or 512 lanes make 4x or 2x the programs.
+    "merge lanes 512": dict(merge_u=lambda cfg: max(1, 512 // cfg.merge_blocks)),
+    "merge lanes 256": dict(merge_u=lambda cfg: max(1, 256 // cfg.merge_blocks)),
 }
 POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (16384, "uniform"), (16384, "zipf"), (32768, "uniform"), (32768, "zipf")]
 
