@@ -40,6 +40,10 @@ VARIANTS = {
     "fold32": (("long_block_h", 32), ("long_batch", 128)),
     "fold32 b64": (("long_block_h", 32), ("long_batch", 64)),
     "fold64 b64": (("long_block_h", 64), ("long_batch", 64)),
+    # v9 (not yet measured): fewer merge lanes per program, so more merge programs (tokens per
+    # merge program; the default is 1024 lanes over the blocks: 64 at 4096 tokens, 32 at 8192).
+    "merge_u 16": (("merge_u", 16),),
+    "merge_u 8": (("merge_u", 8),),
 }
 
 
