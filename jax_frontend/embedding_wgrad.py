@@ -724,7 +724,7 @@ class _Config:
     partial_warps: int  # _partials_kernel's num_warps
     partial_programs: int  # sort path: _partials_kernel's programs, which stride the records
     prefetch: bool  # sort path: _partials_kernel loads the next item's record before this item's rows
-    fold_programs: int  # sort path: _partials_kernel programs that fold the long runs (0: _long_runs_kernel does)
+    fold_programs: int  # sort path: _partials_kernel programs that fold the long runs (0, and on the feature path: _long_runs_kernel does)
     fold_h: int  # columns of one of their items
     fold_batch: int  # partials they load at once
     # The short static loops of _merge_rank_kernel and _partials_kernel unrolled, as the torch
@@ -970,7 +970,7 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
     kernel = _partials_kernel if feature else functools.partial(_partials_kernel, None)
     inputs = [partial_ord] * feature + [sorted_keys, sorted_pos, run_start, records, grad, main_grad, counts, long_runs, arrivals]
     items = n * pl.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
-    folders = 0 if feature else cfg.fold_programs
+    folders = cfg.fold_programs  # 0 on the feature path (_config)
     programs = items if feature else min(items, cfg.partial_programs) + folders
     last = len(inputs) - 1
     return _call(
@@ -1034,7 +1034,7 @@ def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config) -> _Stages
         run_start, run_end, counts, records, long_runs, arrivals = _runs(sorted_keys, sorted_pos, problem, cfg)
     plan = (sorted_keys, sorted_pos, partial_ord, run_start, run_end)
     main_grad, partials, long_runs, counts, arrivals = _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, problem, cfg)
-    if cfg.path == FEATURE or cfg.fold_programs == 0:  # else the partials kernel folded the long runs
+    if cfg.fold_programs == 0:  # else the partials kernel folded the long runs (never on the feature path)
         main_grad = _long_runs(long_runs, counts, sorted_keys, partials, main_grad, problem, cfg)
     if cfg.path == FEATURE:
         records = None
@@ -1078,7 +1078,7 @@ def _accumulate_impl(ids, grad, main_grad, *, padding_idx=None, path=None, overr
 _JIT = dict(static_argnames=("padding_idx", "path", "overrides"), donate_argnames=("main_grad",))
 #: Inside a caller's jit (or any other transformation), where jax allows no compiler options.
 _accumulate = jax.jit(_accumulate_impl, **_JIT)
-#: A call on its own is four custom kernels, below XLA's CUDA-graph threshold
+#: A call on its own is three or four custom kernels, below XLA's CUDA-graph threshold
 #: (xla_gpu_graph_min_graph_size, 5), so XLA would launch them one by one. Measured on the H200
 #: (benchmarks/NOTES.md v6 item 5, v7 item 7): 1024 tokens about 10 us faster per call, no
 #: change from 4096 tokens up, no cost found with a new grad array every call. Inside a

@@ -158,9 +158,15 @@ def _load_keys(ids_ptr, idx, mask, num_embeddings, padding_idx):
 
 
 @triton.jit
+def _listed(ws_ptr, n, e):
+    """Entry e of the long-run list: (run start, partials) at the pointer and the next int32 (_LONG)."""
+    return ws_ptr + _LONG * n + _HEADER + 2 * e
+
+
+@triton.jit
 def _arrivals(ws_ptr, n, max_long_runs):
-    """Sort path: the arrival counters, one per slot, after the long-run list (_LONG)."""
-    return ws_ptr + _LONG * n + _HEADER + 2 * max_long_runs
+    """Sort path: the arrival counters, one per slot, just past the long-run list's last entry."""
+    return _listed(ws_ptr, n, max_long_runs)
 
 
 @triton.jit
@@ -197,7 +203,7 @@ def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end
     first = (live & (key >= 0) & long & (slot == run_start)).to(tl.int32)
     num_first = tl.sum(first, axis=0)
     entry = tl.atomic_add(ws_ptr + _LONG * n, num_first, mask=num_first > 0) + tl.cumsum(first, axis=0) - first
-    listed = ws_ptr + _LONG * n + _HEADER + 2 * entry
+    listed = _listed(ws_ptr, n, entry)
     tl.store(listed, run_start, mask=first != 0)
     tl.store(listed + 1, (run_end - run_start + SPAN - 1) // SPAN, mask=first != 0)
     tl.store(_arrivals(ws_ptr, n, max_long_runs) + slot, 0, mask=first != 0)  # its arrival counter
@@ -438,7 +444,7 @@ def _partials_kernel(
         # Programs [fold_lo, fold_lo + fold_programs) fold the long runs. With PDL they come right
         # after the programs that take the long runs' partials (programs start in order), so
         # they hold no slot while those are still to start (NOTES v9); without, last.
-        fold_lo = tl.minimum(front * num_hb + fold_lo, tl.num_programs(0) - fold_programs)
+        fold_lo = tl.minimum(front * num_hb + fold_lo, step)
         folder = (pid >= fold_lo) & (pid < fold_lo + fold_programs)
         if folder:
             _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, pid - fold_lo,
@@ -572,8 +578,8 @@ def _partial(
     if FEATURE_PATH:  # (the sort path's plan lists its long runs)
         if in_long_run & is_last & (my_hb == 0):
             entry = tl.atomic_add(ws_ptr + _LONG * n, 1)
-            tl.store(ws_ptr + _LONG * n + _HEADER + 2 * entry, run_start)
-            tl.store(ws_ptr + _LONG * n + _HEADER + 1 + 2 * entry, k + 1)
+            tl.store(_listed(ws_ptr, n, entry), run_start)
+            tl.store(_listed(ws_ptr, n, entry) + 1, k + 1)
 
 
 @triton.jit
@@ -623,8 +629,8 @@ def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride,
         e = f // chunks
         cols = (f % chunks) * FOLD_H + tl.arange(0, FOLD_H)
         live_h = cols < hidden
-        run_start = tl.load(ws_ptr + _LONG * n + _HEADER + 2 * e)
-        num_partials = tl.load(ws_ptr + _LONG * n + _HEADER + 1 + 2 * e)
+        run_start = tl.load(_listed(ws_ptr, n, e))
+        num_partials = tl.load(_listed(ws_ptr, n, e) + 1)
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         _wait_for(arrivals + run_start, num_partials * num_hb)
         acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, False, SPAN, GRAD_ROUNDING, FOLD_BATCH, ".cg")
@@ -666,8 +672,8 @@ def _long_runs_kernel(
     live_h = cols < hidden
     arrivals = _arrivals(ws_ptr, n, max_long_runs)
     for e in range(tl.program_id(0), tl.load(ws_ptr + _LONG * n), tl.num_programs(0)):
-        run_start = tl.load(ws_ptr + _LONG * n + _HEADER + 2 * e)
-        num_partials = tl.load(ws_ptr + _LONG * n + _HEADER + 1 + 2 * e)
+        run_start = tl.load(_listed(ws_ptr, n, e))
+        num_partials = tl.load(_listed(ws_ptr, n, e) + 1)
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         if early:  # this run's partials are in once its arrival counter is full
             _wait_for(arrivals + run_start, num_partials * partial_hb)
@@ -701,7 +707,7 @@ class _Config:
     partial_maxnreg: int | None  # ptxas register cap of _partials_kernel (None: the compiler's choice)
     partial_programs: int  # sort path: _partials_kernel's programs, which stride the partials
     prefetch: bool  # sort path: _partials_kernel loads the next item's record before this item's rows
-    fold_programs: int  # sort path: _partials_kernel programs that fold the long runs (0: _long_runs_kernel does)
+    fold_programs: int  # sort path: _partials_kernel programs that fold the long runs (0, and on the feature path: _long_runs_kernel does)
     fold_h: int  # columns of one of their items
     fold_batch: int  # partials they load at once
     pdl: bool  # launch with programmatic dependent launch (Hopper and later, not the interpreter)
@@ -749,7 +755,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         partial_maxnreg=None,
         partial_programs=PARTIAL_PROGRAMS_PER_SM * sms,
         prefetch=True,
-        fold_programs=FOLD_PROGRAMS_PER_SM * sms if n <= FOLD_ROLE_MAX_TOKENS else 0,
+        fold_programs=FOLD_PROGRAMS_PER_SM * sms if not feature and n <= FOLD_ROLE_MAX_TOKENS else 0,
         fold_h=256,
         fold_batch=16,
         pdl=pdl and not interpret,
@@ -924,7 +930,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         strides = _position_strides(grad)
     partials = torch.empty(partial_buffer_rows(n, cfg.path), hidden, dtype=torch.float32, device=main_grad.device)
     items = n * triton.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
-    folders = _folders(cfg)
+    folders = cfg.fold_programs
     programs = items if cfg.path == FEATURE else min(items, cfg.partial_programs) + folders
     # With PDL the folding programs start right after the long runs' partials (the kernel knows
     # where); without it, last (Triton's interpreter runs programs in order, one at a time).
@@ -948,11 +954,6 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         FOLD_BATCH=cfg.fold_batch,
     )
     return partials
-
-
-def _folders(cfg: _Config) -> int:
-    """Programs of _partials_kernel that fold the long runs: the sort path's; 0 on the feature path (_long_runs_kernel)."""
-    return 0 if cfg.path == FEATURE else cfg.fold_programs
 
 
 def _long_runs_stage(plan: _Plan, partials, main_grad, problem: Problem, cfg: _Config, launch=None) -> None:
@@ -982,7 +983,7 @@ def _launch(ids, grad, main_grad, problem: Problem, path: str) -> None:
     launch = _Launcher(_CALLS.get(key), main_grad.device.index)
     plan = _plan_stage(ids, problem, cfg, launch)
     partials = _partials_stage(plan, grad, main_grad, problem, cfg, launch)
-    if _folders(cfg) == 0:  # else the partials kernel folded the long runs
+    if cfg.fold_programs == 0:  # else the partials kernel folded the long runs
         _long_runs_stage(plan, partials, main_grad, problem, cfg, launch)
     if key is not None and launch.replay is None and all(c is not None for c in launch.recorded):
         _CALLS[key] = launch.recorded
