@@ -15,10 +15,14 @@ synchronisation:
    publishes the partials: a record for each slot that starts one (slot, key, position, run
    start, run end), long runs' partials at the front of the list and the others at its back,
    and an entry in the long-run list for each run of more than one partial, with its arrival
-   counter zeroed (_append_records).
+   counter zeroed (_append_records). Merge sort: the records of the first FIRST_TOKENS
+   positions come first in each list, in order (a group of merge programs places them by a
+   single-pass scan, _ordered_bases).
 3. ``_partials_kernel`` sums each partial's rows in fp32, in order, over one H block per
    item. Sort path: a fixed grid strides the records, long runs' partials first, so no
-   program is spent on a slot that starts none; feature path: one program per (slot, H block).
+   program is spent on a slot that starts none, and its last programs take one item each;
+   with PDL its programs first prefetch the first positions' rows into L2 (a hint, while the
+   plan is still being made), then wait; feature path: one program per (slot, H block).
    A run of one partial is finished there (rounded and added into main_grad); a longer run's
    partials go to a scratch buffer (sort path: each counts itself in its run's arrival counter;
    feature path: the run's last partial lists the run). A partial of one row (most of them when
@@ -62,8 +66,13 @@ from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args
 
 #: Merge sort: the records of the first positions (whole merge blocks) come first, and with PDL
-#: their rows are prefetched into L2 while the plan is made (NOTES v10).
-FIRST_TOKENS = 512
+#: their rows are prefetched into L2 while the plan is made. 256 measured 1-2 us faster at 4096
+#: and 8192 uniform ids than none; 512 and more, less (NOTES v10). JAX has no PDL, so no twin.
+FIRST_TOKENS = 256
+
+#: Sort path: partials programs per SM, the last to start, that take one item each: 0.3-0.9 us
+#: off against none at 8192 uniform ids (12 to 36 measured alike; NOTES v10).
+TAIL_PROGRAMS_PER_SM = 24
 
 #: (BLOCK_I, BLOCK_J) of _rank_kernel (feature path) on a GPU, multiples of CHUNK: one chunk of
 #: tokens per program (32 programs for 1024 tokens), 8 chunks compared per step (4 steps).
@@ -456,6 +465,7 @@ def _partials_kernel(
     fold_lo,  # sort path: 0 (the folders follow the long runs' partials) or the last programs (interpreter)
     fold_programs,  # sort path: programs that fold long runs (0: _long_runs_kernel folds them)
     group_cap,  # merge sort: records of each of the group's lists (_append_records)
+    tail_programs,  # sort path: the last programs but the folders, which take one item each
     ids_ptr,  # PREFETCH_L2: token ids in position order
     num_embeddings,  # PREFETCH_L2: V
     prefetch_tokens,  # PREFETCH_L2: positions [0, prefetch_tokens) have their rows prefetched
@@ -520,26 +530,37 @@ def _partials_kernel(
         if folder:
             _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, pid - fold_lo,
                        fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH)
-        first = tl.where(folder, items, pid - tl.where(pid >= fold_lo + fold_programs, fold_programs, 0))  # this program's first item
+        wid = pid - tl.where(pid >= fold_lo + fold_programs, fold_programs, 0)  # this program among the others
+        # The last tail_programs programs (they start last) take the last items, one each, so that
+        # the kernel ends one item after the steady state rather than a few (NOTES v10); the
+        # others stride the items before those.
+        head = step - tail_programs
+        tail_item = items - tail_programs + (wid - head)
+        is_tail = wid >= head
+        lo = tl.where(folder, items, tl.where(is_tail, tail_item, wid))
+        hi = tl.where(folder | (is_tail & (tail_item < 0)), lo, tl.where(is_tail, tail_item + 1, tl.maximum(items - tail_programs, 0)))
+        stride = tl.where(is_tail, 1, head)
         if PREFETCH:  # the next item's record is in flight while this item's rows are
-            s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, first, items, num_hb, front, group_front, group_back, group_cap)
-            for w in range(first, items, step):
-                s_next, key_next, pos_next, start_next, end_next = _load_record(ws_ptr, n, max_long_runs, w + step, items, num_hb, front, group_front, group_back, group_cap)
+            s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, lo, hi, num_hb, front, group_front, group_back,
+                                                            group_cap)
+            for w in range(lo, hi, stride):
+                s_next, key_next, pos_next, start_next, end_next = _load_record(ws_ptr, n, max_long_runs, w + stride, hi, num_hb, front,
+                                                                                group_front, group_back, group_cap)
                 _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                          main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
                          FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
                 s, key, pos0, run_start, run_end = s_next, key_next, pos_next, start_next, end_next
         else:
-            for w in range(first, items, step):
-                s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, w, items, num_hb, front, group_front, group_back, group_cap)
+            for w in range(lo, hi, stride):
+                s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, w, hi, num_hb, front, group_front, group_back, group_cap)
                 _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                          main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
                          FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
 
 
 @triton.jit
-def _load_record(ws_ptr, n, max_long_runs, w, items, num_hb, front, group_front, group_back, group_cap):
-    """(slot, key, position, run start, run end) of item w's record; zeros past the last item.
+def _load_record(ws_ptr, n, max_long_runs, w, end, num_hb, front, group_front, group_back, group_cap):
+    """(slot, key, position, run start, run end) of item w's record; zeros from item `end` on.
 
     Records [0, front) are long runs' partials: the group's (_append_records), then the list's
     from its front; the others are the group's, then the list's from its back."""
@@ -550,7 +571,7 @@ def _load_record(ws_ptr, n, max_long_runs, w, items, num_hb, front, group_front,
     grouped = _group_records(ws_ptr, n, max_long_runs) + tl.where(is_front, r, group_cap + b) * _REC_FIELDS
     listed = ws_ptr + _REC * n + tl.where(is_front, r - group_front, n - 1 - (b - group_back)) * _REC_FIELDS
     rec = tl.where(in_group, grouped, listed)
-    live = w < items
+    live = w < end
     return (
         tl.load(rec, mask=live, other=0),
         tl.load(rec + 1, mask=live, other=0),
@@ -811,6 +832,7 @@ class _Config:
     partial_maxnreg: int | None  # ptxas register cap of _partials_kernel (None: the compiler's choice)
     partial_programs: int  # sort path: _partials_kernel's programs, which stride the partials
     prefetch: bool  # sort path: _partials_kernel loads the next item's record before this item's rows
+    tail_programs: int  # sort path: its last programs (but the folders), which take the last items, one each
     fold_programs: int  # sort path: _partials_kernel programs that fold the long runs (0, and on the feature path: _long_runs_kernel does)
     fold_h: int  # columns of one of their items
     fold_batch: int  # partials they load at once
@@ -861,6 +883,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         partial_maxnreg=None,
         partial_programs=PARTIAL_PROGRAMS_PER_SM * sms,
         prefetch=True,
+        tail_programs=0 if feature else TAIL_PROGRAMS_PER_SM * sms,
         fold_programs=FOLD_PROGRAMS_PER_SM * sms if not feature and n <= FOLD_ROLE_MAX_TOKENS else 0,
         fold_h=256,
         fold_batch=16,
@@ -1077,7 +1100,8 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
     launch(
         _partials_kernel,
         (programs,),
-        (plan.workspace, grad, main_grad, partials, n, hidden, cfg.max_long_runs, fold_lo, folders, plan.group_cap, *first_rows,
+        (plan.workspace, grad, main_grad, partials, n, hidden, cfg.max_long_runs, fold_lo, folders, plan.group_cap,
+         min(cfg.tail_programs, programs - folders - 1), *first_rows,
          *strides, grad.stride(-1),
          main_grad.stride(0)),
         cfg.partial_warps,
