@@ -100,14 +100,14 @@ _REC_FIELDS = tl.constexpr(8)  # five used; eight keep a record in one 32-byte s
 # Sort path: the records of long runs' partials (runs of more than one partial) count up from
 # record 0, the others down from record n - 1, so that the partials kernel takes the long runs'
 # partials first.
-# From _LONG * n, _HEADER counters: [0] long runs listed, and on the sort path [1] long runs'
-# records, [2] the other records; then [2 * max_long_runs] (run start, partials) pairs (sort
-# path: listed by the plan; feature path: by the partials kernel); then, sort path, one
-# arrival counter per slot [n], zeroed by the plan where a long run starts.
+# From _LONG * n, _HEADER words: [0] long runs listed, and on the sort path [1] long runs'
+# records, [2] the other records, [3] and [4] the group's (below), from [_STATUS0] the group's
+# status words; then [2 * max_long_runs] (run start, partials) pairs (sort path: listed by the
+# plan; feature path: by the partials kernel); then, sort path, one arrival counter per slot
+# [n], zeroed by the plan where a long run starts; then, merge sort, the group's records.
 # Merge sort: the first `group` merge programs (the tokens of the first blocks) place their
-# records in program order in a list of their own (_group_records), counted at [3] (front)
-# and [4] (back); the partials kernel takes them first in each list (_load_record). Their
-# status words (_ordered_bases) are the header's entries from _STATUS0 on.
+# records in program order in lists of their own (_group_records), counted at [3] (front)
+# and [4] (back); the partials kernel takes them first in each list (_load_record).
 _LONG = tl.constexpr(_REC.value + _REC_FIELDS.value)
 _HEADER = tl.constexpr(64)
 _STATUS0 = tl.constexpr(8)
@@ -264,7 +264,9 @@ def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end
 def _ordered_bases(status_ptr, num_front, num_back, GROUP_P2: tl.constexpr):
     """(front, back) records of the group's programs before this one: publish this program's
     counts, then read every earlier program's until all are published (a single-pass scan over
-    a few programs; earlier programs never wait on later ones, and programs start in order).
+    a few programs). It cannot deadlock: earlier programs never wait on later ones; only the
+    group waits, at most 56 programs; and the partials kernel, whose programs could fill the
+    GPU while they wait, launches only once every merge program has started.
 
     A status word is (front << 15) | back | _STATUS_READY (counts below 2**15), zeroed by the block sort.
     """
