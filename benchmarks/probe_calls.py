@@ -29,6 +29,14 @@ VARIANTS = {
     # issuing 16 scattered loads per search step; 256 or 512 lanes make 4x or 2x the programs.
     "merge lanes 512": dict(merge_u=lambda cfg: max(1, 512 // cfg.merge_blocks)),
     "merge lanes 256": dict(merge_u=lambda cfg: max(1, 256 // cfg.merge_blocks)),
+    # v10: the records of the first positions first (a group of merge programs orders them), and
+    # their rows prefetched into L2 by the partials kernel's programs before their wait; the
+    # last programs take one item each. The default: first 256, tail 24 per SM.
+    "no group": dict(first_tokens=0, l2_prefetch_tokens=0),
+    "group only": dict(l2_prefetch_tokens=0),
+    "first 512": dict(first_tokens=512, l2_prefetch_tokens=512),
+    "tail 0": dict(tail_programs=0),
+    "tail 12": dict(tail_programs=12 * SMS),
 }
 POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (16384, "uniform"), (16384, "zipf"), (32768, "uniform"), (32768, "zipf")]
 

@@ -52,20 +52,22 @@ def variants():
             consts = {"BLOCK": block, "BLOCK_I": tiles.block_i, "TILE": tiles.tile, "PDL": True}
             yield f"block_sort {block} ids={ids}", ew._block_sort_kernel, {"ids_ptr": ids}, consts
     for block, blocks in ((256, 32), (512, 64), (2048, 64)):
-        consts = {"BLOCK": block, "NUM_BLOCKS": blocks, "STEPS": block.bit_length(), "BLOCK_U": 1024 // blocks, "SPAN": NROWS, "PDL": True}
+        consts = {"BLOCK": block, "NUM_BLOCKS": blocks, "STEPS": block.bit_length(), "BLOCK_U": 1024 // blocks, "SPAN": NROWS,
+                  "GROUP_P2": 32, "PDL": True}
         yield f"merge_rank {block}x{blocks}", ew._merge_rank_kernel, {}, consts
     for span in (0, NROWS):
         yield f"runs span={span}", ew._runs_kernel, {}, {"BLOCK": 1024, "SPAN": span, "PDL": True}
     for feature, grad, main in itertools.product((True, False), DTYPES, DTYPES):
         span = CHUNK if feature else NROWS
         common = {"PDL": True, "FEATURE_PATH": feature, "SPAN": span, "GRAD_ROUNDING": grad, "MAIN_ROUNDING": main}
-        types = {"grad_ptr": "*" + DTYPES[grad], "main_grad_ptr": "*" + DTYPES[main], "partials_ptr": "*fp32"}
+        types = {"grad_ptr": "*" + DTYPES[grad], "main_grad_ptr": "*" + DTYPES[main], "partials_ptr": "*fp32", "ids_ptr": "*i64"}
         types.update({k: "i64" for k in ("grad_stride0", "grad_stride1", "grad_stride_h", "main_grad_stride")})
         yield (
             f"partials feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]}",
             ew._partials_kernel,
             types,
-            {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "FOLD_H": 256, "FOLD_BATCH": 16},
+            {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "FOLD_H": 256, "FOLD_BATCH": 16,
+             "PREFETCH_L2": not feature},
         )
         yield (
             f"long_runs feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]}",

@@ -120,14 +120,21 @@ def test_stages_match_core_plan(route):
     assert device_plan.run_end.tolist() == plan.run_end.tolist()
     if path == FEATURE:
         assert device_plan.partial_ord.tolist() == plan.partial_ord.tolist()
-    else:  # one record per partial that adds to main_grad, in any order
-        front, back = int(device_plan.front_count), int(device_plan.back_count)
-        rows = device_plan.records[:, :5].tolist()
+    else:  # one record per partial that adds to main_grad; the merge group's first, in its order
+        lists = [records[:, :5].tolist() for records in device_plan.record_lists()]
         s = plan.partial_slot[plan.sorted_keys[plan.partial_slot] >= 0]
         in_long_run = plan.run_end[s] - plan.run_start[s] > NROWS  # long runs' records from the front, the others from the back
-        for got, slots in ((rows[:front], s[in_long_run]), (rows[ids.size - back :], s[~in_long_run])):
+        for got, slots in ((lists[0], s[in_long_run]), (lists[1], s[~in_long_run])):
             expected = zip(slots, plan.sorted_keys[slots], plan.sorted_pos[slots], plan.run_start[slots], plan.run_end[slots])
             assert sorted(map(tuple, got)) == sorted(tuple(int(v) for v in r) for r in expected)
+            if cfg.sort == "merge":  # the group's records (tokens [0, group_cap) in block-sorted order) lead, in that order
+                keys = plan.sorted_keys[np.argsort(plan.sorted_pos)]  # each position's key
+                u_of = np.empty(ids.size, dtype=np.int64)
+                u_of[np.lexsort((np.arange(ids.size), keys, np.arange(ids.size) // cfg.merge_block))] = np.arange(ids.size)
+                u = [int(u_of[r[2]]) for r in got]
+                grouped = sum(v < device_plan.group_cap for v in u)
+                assert device_plan.group_cap > 0 and u[:grouped] == sorted(u[:grouped])
+                assert all(v >= device_plan.group_cap for v in u[grouped:])
 
     def assert_long_runs_listed():
         count = int(device_plan.long_count)

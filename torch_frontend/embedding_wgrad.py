@@ -15,10 +15,14 @@ synchronisation:
    publishes the partials: a record for each slot that starts one (slot, key, position, run
    start, run end), long runs' partials at the front of the list and the others at its back,
    and an entry in the long-run list for each run of more than one partial, with its arrival
-   counter zeroed (_append_records).
+   counter zeroed (_append_records). Merge sort: the records of the first FIRST_TOKENS
+   positions come first in each list, in order (a group of merge programs places them by a
+   single-pass scan, _ordered_bases).
 3. ``_partials_kernel`` sums each partial's rows in fp32, in order, over one H block per
    item. Sort path: a fixed grid strides the records, long runs' partials first, so no
-   program is spent on a slot that starts none; feature path: one program per (slot, H block).
+   program is spent on a slot that starts none, and its last programs take one item each;
+   with PDL its programs first prefetch the first positions' rows into L2 (a hint, while the
+   plan is still being made), then wait; feature path: one program per (slot, H block).
    A run of one partial is finished there (rounded and added into main_grad); a longer run's
    partials go to a scratch buffer (sort path: each counts itself in its run's arrival counter;
    feature path: the run's last partial lists the run). A partial of one row (most of them when
@@ -61,6 +65,15 @@ from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args
 
+#: Merge sort: the records of the first positions (whole merge blocks) come first, and with PDL
+#: their rows are prefetched into L2 while the plan is made. 256 measured 1-2 us faster at 4096
+#: and 8192 uniform ids than none; 512 and more, less (NOTES v10). JAX has no PDL, so no twin.
+FIRST_TOKENS = 256
+
+#: Sort path: partials programs per SM, the last to start, that take one item each: 0.3-0.9 us
+#: off against none at 8192 uniform ids (12 to 36 measured alike; NOTES v10).
+TAIL_PROGRAMS_PER_SM = 24
+
 #: (BLOCK_I, BLOCK_J) of _rank_kernel (feature path) on a GPU, multiples of CHUNK: one chunk of
 #: tokens per program (32 programs for 1024 tokens), 8 chunks compared per step (4 steps).
 RANK_TILES = (CHUNK, 8 * CHUNK)
@@ -87,12 +100,18 @@ _REC_FIELDS = tl.constexpr(8)  # five used; eight keep a record in one 32-byte s
 # Sort path: the records of long runs' partials (runs of more than one partial) count up from
 # record 0, the others down from record n - 1, so that the partials kernel takes the long runs'
 # partials first.
-# From _LONG * n, _HEADER counters: [0] long runs listed, and on the sort path [1] long runs'
-# records, [2] the other records; then [2 * max_long_runs] (run start, partials) pairs (sort
-# path: listed by the plan; feature path: by the partials kernel); then, sort path, one
-# arrival counter per slot [n], zeroed by the plan where a long run starts.
+# From _LONG * n, _HEADER words: [0] long runs listed, and on the sort path [1] long runs'
+# records, [2] the other records, [3] and [4] the group's (below), from [_STATUS0] the group's
+# status words; then [2 * max_long_runs] (run start, partials) pairs (sort path: listed by the
+# plan; feature path: by the partials kernel); then, sort path, one arrival counter per slot
+# [n], zeroed by the plan where a long run starts; then, merge sort, the group's records.
+# Merge sort: the first `group` merge programs (the tokens of the first blocks) place their
+# records in program order in lists of their own (_group_records), counted at [3] (front)
+# and [4] (back); the partials kernel takes them first in each list (_load_record).
 _LONG = tl.constexpr(_REC.value + _REC_FIELDS.value)
-_HEADER = tl.constexpr(4)
+_HEADER = tl.constexpr(64)
+_STATUS0 = tl.constexpr(8)
+_STATUS_READY = tl.constexpr(1 << 30)
 _WORKSPACE_ARRAYS = _LONG.value
 
 
@@ -170,6 +189,25 @@ def _arrivals(ws_ptr, n, max_long_runs):
 
 
 @triton.jit
+def _group_records(ws_ptr, n, max_long_runs):
+    """Merge sort: the first programs' records, front list then back list (group_cap each), past the arrival counters."""
+    return _arrivals(ws_ptr, n, max_long_runs) + n
+
+
+@triton.jit
+def _prefetch_l2(addr, nbytes, mask):
+    """cp.async.bulk.prefetch.L2 of nbytes (a multiple of 16) from addr (16-byte aligned) where mask: a hint, no data."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r,r",
+        [addr, nbytes, mask.to(tl.int32)],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
 def _wait_for(counter_ptr, target):
     """Spin until the counter reaches target; reading it with acquire semantics makes the writes published before it visible."""
     while tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu") < target:
@@ -177,24 +215,37 @@ def _wait_for(counter_ptr, target):
 
 
 @triton.jit
-def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end, live, SPAN: tl.constexpr):
+def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end, live, group, group_cap, SPAN: tl.constexpr,
+                    GROUP_P2: tl.constexpr):
     """Sort path: publish a record (_REC) for each of these slots that starts a partial, and list the long runs.
 
     Partials of long runs (more than SPAN slots) go to the front of the record list, the others
     to its back. A long run's first slot lists the run (run start, partials) for the long-run
-    kernel and zeroes its arrival counter. One atomic per list.
+    kernel and zeroes its arrival counter. One atomic per list. Merge sort: programs below
+    `group` place theirs in program order in the group's lists instead (_ordered_bases), which
+    the partials kernel takes first.
     """
     starts = live & (key >= 0) & ((slot - run_start) % SPAN == 0)
     long = run_end - run_start > SPAN
     front = (starts & long).to(tl.int32)
     back = (starts & ~long).to(tl.int32)
-    # An atomic only where it adds something: the counters are three hot addresses.
     num_front = tl.sum(front, axis=0)
     num_back = tl.sum(back, axis=0)
-    base_front = tl.atomic_add(ws_ptr + _LONG * n + 1, num_front, mask=num_front > 0)
-    base_back = tl.atomic_add(ws_ptr + _LONG * n + 2, num_back, mask=num_back > 0)
-    index = tl.where(long, base_front + tl.cumsum(front, axis=0) - front, n - 1 - (base_back + tl.cumsum(back, axis=0) - back))
-    rec = ws_ptr + _REC * n + index * _REC_FIELDS
+    in_group = tl.program_id(0) < group
+    if in_group:
+        base_front, base_back = _ordered_bases(ws_ptr + _LONG * n + _STATUS0, num_front, num_back, GROUP_P2)
+        if tl.program_id(0) == tl.minimum(group, tl.num_programs(0)) - 1:  # the group's last program knows its totals
+            tl.store(ws_ptr + _LONG * n + 3, base_front + num_front)
+            tl.store(ws_ptr + _LONG * n + 4, base_back + num_back)
+    else:
+        # An atomic only where it adds something: the counters are three hot addresses.
+        base_front = tl.atomic_add(ws_ptr + _LONG * n + 1, num_front, mask=num_front > 0)
+        base_back = tl.atomic_add(ws_ptr + _LONG * n + 2, num_back, mask=num_back > 0)
+    index_front = base_front + tl.cumsum(front, axis=0) - front
+    index_back = base_back + tl.cumsum(back, axis=0) - back
+    grouped = _group_records(ws_ptr, n, max_long_runs) + tl.where(long, index_front, group_cap + index_back) * _REC_FIELDS
+    listed_rec = ws_ptr + _REC * n + tl.where(long, index_front, n - 1 - index_back) * _REC_FIELDS
+    rec = tl.where(in_group, grouped, listed_rec)
     tl.store(rec, slot, mask=starts)
     tl.store(rec + 1, key, mask=starts)
     tl.store(rec + 2, pos, mask=starts)
@@ -207,6 +258,25 @@ def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end
     tl.store(listed, run_start, mask=first != 0)
     tl.store(listed + 1, (run_end - run_start + SPAN - 1) // SPAN, mask=first != 0)
     tl.store(_arrivals(ws_ptr, n, max_long_runs) + slot, 0, mask=first != 0)  # its arrival counter
+
+
+@triton.jit
+def _ordered_bases(status_ptr, num_front, num_back, GROUP_P2: tl.constexpr):
+    """(front, back) records of the group's programs before this one: publish this program's
+    counts, then read every earlier program's until all are published (a single-pass scan over
+    a few programs). It cannot deadlock: earlier programs never wait on later ones; only the
+    group waits, at most 56 programs; and the partials kernel, whose programs could fill the
+    GPU while they wait, launches only once every merge program has started.
+
+    A status word is (front << 15) | back | _STATUS_READY (counts below 2**15), zeroed by the block sort.
+    """
+    q = tl.program_id(0)
+    tl.atomic_add(status_ptr + q, (num_front << 15) | num_back | _STATUS_READY, sem="relaxed")  # it was zero
+    prev = tl.arange(0, GROUP_P2)
+    st = tl.load(status_ptr + prev, mask=prev < q, other=_STATUS_READY, volatile=True)
+    while tl.min(st, axis=0) < _STATUS_READY:
+        st = tl.load(status_ptr + prev, mask=prev < q, other=_STATUS_READY, volatile=True)
+    return tl.sum((st >> 15) & 0x7FFF, axis=0), tl.sum(st & 0x7FFF, axis=0)
 
 
 @triton.jit
@@ -245,11 +315,13 @@ def _merge_rank_kernel(
     ws_ptr,  # int32 workspace: block-sorted keys and positions in; sorted keys, positions, run starts and ends out
     n,  # number of tokens
     max_long_runs,  # entries of the long-run list
+    group,  # the first programs, whose records go first (_append_records)
     BLOCK: tl.constexpr,  # tokens per block of _block_sort_kernel
     NUM_BLOCKS: tl.constexpr,  # a power of two >= cdiv(n, BLOCK)
     STEPS: tl.constexpr,  # binary-search steps: log2(BLOCK) + 1
     BLOCK_U: tl.constexpr,  # block-sorted tokens per program
     SPAN: tl.constexpr,  # NROWS
+    GROUP_P2: tl.constexpr,  # a power of two >= group
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
@@ -289,7 +361,7 @@ def _merge_rank_kernel(
     tl.store(ws_ptr + _POS * n + slot, pos, mask=live)
     tl.store(ws_ptr + _RUN_START * n + slot, run_start, mask=live)
     tl.store(ws_ptr + _RUN_END * n + slot, run_end, mask=live)
-    _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end, live, SPAN)
+    _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end, live, group, group * BLOCK_U, SPAN, GROUP_P2)
 
 
 @triton.jit
@@ -378,7 +450,7 @@ def _runs_kernel(
     tl.store(ws_ptr + _RUN_END * n + s, lo_end, mask=live)
     if SPAN > 0:
         pos = tl.load(ws_ptr + _POS * n + s, mask=live, other=0)
-        _append_records(ws_ptr, n, max_long_runs, s, key, pos, lo, lo_end, live, SPAN)
+        _append_records(ws_ptr, n, max_long_runs, s, key, pos, lo, lo_end, live, 0, 0, SPAN, 1)
     elif tl.program_id(0) == 0:
         tl.store(ws_ptr + _LONG * n, 0)
 
@@ -394,6 +466,11 @@ def _partials_kernel(
     max_long_runs,  # entries of the long-run list
     fold_lo,  # sort path: 0 (the folders follow the long runs' partials) or the last programs (interpreter)
     fold_programs,  # sort path: programs that fold long runs (0: _long_runs_kernel folds them)
+    group_cap,  # merge sort: records of each of the group's lists (_append_records)
+    tail_programs,  # sort path: the last programs but the folders, which take one item each
+    ids_ptr,  # PREFETCH_L2: token ids in position order
+    num_embeddings,  # PREFETCH_L2: V
+    prefetch_tokens,  # PREFETCH_L2: positions [0, prefetch_tokens) have their rows prefetched
     grad_dim1,  # 1 for a contiguous grad: Triton then folds the division away
     grad_stride0,
     grad_stride1,
@@ -408,6 +485,7 @@ def _partials_kernel(
     PREFETCH: tl.constexpr,  # sort path: load the next item's record before this item's rows
     FOLD_H: tl.constexpr,  # sort path: columns of one fold item
     FOLD_BATCH: tl.constexpr,  # sort path: partials a fold loads at once
+    PREFETCH_L2: tl.constexpr,  # sort path with PDL: prefetch the first positions' rows before the wait
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sum every partial over every H block: items (partial, H block), H block fastest.
@@ -423,6 +501,9 @@ def _partials_kernel(
     (One program per slot looping over the H blocks measured 1.5x slower: its row loads wait
     for the previous block's stores.)
     """
+    if PREFETCH_L2:  # before the wait: the plan is still being made, DRAM is idle (NOTES v10)
+        _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidden, prefetch_tokens, grad_dim1,
+                             grad_stride0, grad_stride1, main_grad_stride, BLOCK_H)
     if PDL:  # wait first, then let the long-run kernel launch: it reads the plan without waiting
         gdc_wait()
         gdc_launch_dependents()
@@ -436,8 +517,10 @@ def _partials_kernel(
                  main_grad_stride, s, tl.program_id(0) % num_hb, key, pos0, run_start, 0, ws_ptr,
                  FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
     else:
-        front = tl.load(ws_ptr + _LONG * n + 1)
-        items = (front + tl.load(ws_ptr + _LONG * n + 2)) * num_hb
+        group_front = tl.load(ws_ptr + _LONG * n + 3)
+        group_back = tl.load(ws_ptr + _LONG * n + 4)
+        front = tl.load(ws_ptr + _LONG * n + 1) + group_front
+        items = (front + tl.load(ws_ptr + _LONG * n + 2) + group_back) * num_hb
         arrivals = _arrivals(ws_ptr, n, max_long_runs)
         pid = tl.program_id(0)
         step = tl.num_programs(0) - fold_programs
@@ -449,32 +532,48 @@ def _partials_kernel(
         if folder:
             _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, pid - fold_lo,
                        fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH)
-        first = tl.where(folder, items, pid - tl.where(pid >= fold_lo + fold_programs, fold_programs, 0))  # this program's first item
+        wid = pid - tl.where(pid >= fold_lo + fold_programs, fold_programs, 0)  # this program among the others
+        # The last tail_programs programs (they start last) take the last items, one each, so that
+        # the kernel ends one item after the steady state rather than a few (NOTES v10); the
+        # others stride the items before those.
+        head = step - tail_programs
+        tail_item = items - tail_programs + (wid - head)
+        is_tail = wid >= head
+        lo = tl.where(folder, items, tl.where(is_tail, tail_item, wid))
+        hi = tl.where(folder | (is_tail & (tail_item < 0)), lo, tl.where(is_tail, tail_item + 1, tl.maximum(items - tail_programs, 0)))
+        stride = tl.where(is_tail, 1, head)
         if PREFETCH:  # the next item's record is in flight while this item's rows are
-            s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, first, items, num_hb, front)
-            for w in range(first, items, step):
-                s_next, key_next, pos_next, start_next, end_next = _load_record(ws_ptr, n, w + step, items, num_hb, front)
+            s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, lo, hi, num_hb, front, group_front, group_back,
+                                                            group_cap)
+            for w in range(lo, hi, stride):
+                s_next, key_next, pos_next, start_next, end_next = _load_record(ws_ptr, n, max_long_runs, w + stride, hi, num_hb, front,
+                                                                                group_front, group_back, group_cap)
                 _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                          main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
                          FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
                 s, key, pos0, run_start, run_end = s_next, key_next, pos_next, start_next, end_next
         else:
-            for w in range(first, items, step):
-                s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, w, items, num_hb, front)
+            for w in range(lo, hi, stride):
+                s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, w, hi, num_hb, front, group_front, group_back, group_cap)
                 _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                          main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
                          FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
 
 
 @triton.jit
-def _load_record(ws_ptr, n, w, items, num_hb, front):
-    """(slot, key, position, run start, run end) of item w's record; zeros past the last item.
+def _load_record(ws_ptr, n, max_long_runs, w, end, num_hb, front, group_front, group_back, group_cap):
+    """(slot, key, position, run start, run end) of item w's record; zeros from item `end` on.
 
-    Records [0, front) are long runs' partials, from the list's front; the others count down
-    from its back (_append_records)."""
+    Records [0, front) are long runs' partials: the group's (_append_records), then the list's
+    from its front; the others are the group's, then the list's from its back."""
     r = w // num_hb
-    rec = ws_ptr + _REC * n + tl.where(r < front, r, n - 1 - (r - front)) * _REC_FIELDS
-    live = w < items
+    is_front = r < front
+    b = r - front
+    in_group = tl.where(is_front, r < group_front, b < group_back)
+    grouped = _group_records(ws_ptr, n, max_long_runs) + tl.where(is_front, r, group_cap + b) * _REC_FIELDS
+    listed = ws_ptr + _REC * n + tl.where(is_front, r - group_front, n - 1 - (b - group_back)) * _REC_FIELDS
+    rec = tl.where(in_group, grouped, listed)
+    live = w < end
     return (
         tl.load(rec, mask=live, other=0),
         tl.load(rec + 1, mask=live, other=0),
@@ -482,6 +581,32 @@ def _load_record(ws_ptr, n, w, items, num_hb, front):
         tl.load(rec + 3, mask=live, other=0),
         tl.load(rec + 4, mask=live, other=0),
     )
+
+
+@triton.jit
+def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidden, prefetch_tokens, grad_dim1, grad_stride0,
+                         grad_stride1, main_grad_stride, BLOCK_H: tl.constexpr):
+    """Prefetch into L2 the (position, H block) pieces of grad and of main_grad at the position's id, for positions
+    [0, prefetch_tokens), 32 pieces per program from program 0 on: a hint, no data comes back.
+
+    The merge's group (_append_records) puts those positions' records first, so the first
+    programs after the wait take them, from L2.
+    """
+    num_hb = tl.cdiv(hidden, BLOCK_H)
+    v = tl.program_id(0) * 32 + tl.arange(0, 32)
+    take = v < prefetch_tokens * num_hb
+    if tl.program_id(0) * 32 < prefetch_tokens * num_hb:
+        p = v // num_hb
+        col = (v % num_hb) * BLOCK_H
+        width = tl.minimum(hidden - col, BLOCK_H)
+        ids = tl.load(ids_ptr + p, mask=take, other=-1)
+        keep = take & (ids >= 0) & (ids < num_embeddings)
+        gsize: tl.constexpr = grad_ptr.dtype.element_ty.primitive_bitwidth // 8
+        msize: tl.constexpr = main_grad_ptr.dtype.element_ty.primitive_bitwidth // 8
+        g_addr = (grad_ptr + _grad_row(p, grad_dim1, grad_stride0, grad_stride1) + col).to(tl.int64)
+        m_addr = (main_grad_ptr + ids.to(tl.int64) * main_grad_stride + col).to(tl.int64)
+        _prefetch_l2(g_addr, (width * gsize).to(tl.int32), take)
+        _prefetch_l2(m_addr, (width * msize).to(tl.int32), keep)
 
 
 @triton.jit
@@ -699,6 +824,8 @@ class _Config:
     merge_blocks: int  # power of two >= cdiv(n, merge_block)
     merge_u: int  # tokens per _merge_rank_kernel program
     merge_warps: int
+    first_tokens: int  # merge sort: the records of positions [0, this) come first (a multiple of merge_block; 0: none)
+    l2_prefetch_tokens: int  # merge sort with PDL: their rows are prefetched into L2 while the plan is made (0: none)
     block_i: int  # _rank_kernel tiles
     block_j: int
     runs_block: int
@@ -707,6 +834,7 @@ class _Config:
     partial_maxnreg: int | None  # ptxas register cap of _partials_kernel (None: the compiler's choice)
     partial_programs: int  # sort path: _partials_kernel's programs, which stride the partials
     prefetch: bool  # sort path: _partials_kernel loads the next item's record before this item's rows
+    tail_programs: int  # sort path: its last programs (but the folders), which take the last items, one each
     fold_programs: int  # sort path: _partials_kernel programs that fold the long runs (0, and on the feature path: _long_runs_kernel does)
     fold_h: int  # columns of one of their items
     fold_batch: int  # partials they load at once
@@ -747,6 +875,8 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         merge_blocks=mblocks,
         merge_u=max(1, (8192 if interpret else tiles.lanes) // mblocks),
         merge_warps=4,
+        first_tokens=min(n, FIRST_TOKENS) // mblock * mblock,
+        l2_prefetch_tokens=min(n, FIRST_TOKENS) // mblock * mblock,
         block_i=block_i,
         block_j=block_j,
         runs_block=1024,
@@ -755,6 +885,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         partial_maxnreg=None,
         partial_programs=PARTIAL_PROGRAMS_PER_SM * sms,
         prefetch=True,
+        tail_programs=0 if feature else TAIL_PROGRAMS_PER_SM * sms,
         fold_programs=FOLD_PROGRAMS_PER_SM * sms if not feature and n <= FOLD_ROLE_MAX_TOKENS else 0,
         fold_h=256,
         fold_batch=16,
@@ -853,9 +984,10 @@ def _position_strides(grad: torch.Tensor):
 class _Plan:
     """The plan on the device: one int32 workspace (embwgrad_core.plan names each piece)."""
 
-    workspace: torch.Tensor  # [_WORKSPACE_ARRAYS * n + _HEADER + 2 * max_long_runs + n]
+    workspace: torch.Tensor  # [_WORKSPACE_ARRAYS * n + _HEADER + 2 * max_long_runs + n + 2 * group_cap * _REC_FIELDS]
     n: int
     max_long_runs: int
+    group_cap: int = 0  # merge sort: records of each of the group's lists (_append_records)
 
     def _array(self, index: int) -> torch.Tensor:
         return self.workspace[index * self.n : (index + 1) * self.n]
@@ -867,18 +999,29 @@ class _Plan:
     partial_ord = property(lambda self: self._array(_AUX.value))
     run_end = property(lambda self: self._array(_RUN_END.value))
     records = property(lambda self: self.workspace[_REC.value * self.n : _LONG.value * self.n].view(self.n, _REC_FIELDS.value))
-    front_count = property(lambda self: self.workspace[_LONG.value * self.n + 1])  # sort path: long runs' records, from the front
     long_count = property(lambda self: self.workspace[_LONG.value * self.n])
     long_runs = property(lambda self: self.workspace[_LONG.value * self.n + _HEADER.value :])
-    back_count = property(lambda self: self.workspace[_LONG.value * self.n + 2])  # sort path: the other records, from the back
+
+    def record_lists(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sort path: (long runs' records, the others), each [count, _REC_FIELDS] in the order the partials kernel takes them."""
+        n, header = self.n, self.workspace[_LONG.value * self.n : _LONG.value * self.n + 5].tolist()
+        records = self.workspace[_REC.value * n : _LONG.value * n].view(n, _REC_FIELDS.value)
+        start = _LONG.value * n + _HEADER.value + 2 * self.max_long_runs + n
+        grouped = self.workspace[start : start + 2 * self.group_cap * _REC_FIELDS.value].view(-1, _REC_FIELDS.value)
+        front = torch.cat([grouped[: header[3]], records[: header[1]]])
+        back = torch.cat([grouped[self.group_cap : self.group_cap + header[4]], records.flip(0)[: header[2]]])
+        return front, back
 
 
 def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
     """Stages 1 and 2: sort the tokens by key and find every slot's run start and end."""
     launch = launch or _Launcher()
     n = problem.num_tokens
-    ws = torch.empty(_WORKSPACE_ARRAYS * n + _HEADER.value + 2 * cfg.max_long_runs + n, dtype=torch.int32, device=ids.device)
-    plan = _Plan(ws, n, cfg.max_long_runs)
+    group = min(cfg.first_tokens // cfg.merge_u, _HEADER.value - _STATUS0.value) if cfg.sort == "merge" else 0
+    group_cap = group * cfg.merge_u
+    ws = torch.empty(_WORKSPACE_ARRAYS * n + _HEADER.value + 2 * cfg.max_long_runs + n + 2 * group_cap * _REC_FIELDS.value,
+                     dtype=torch.int32, device=ids.device)
+    plan = _Plan(ws, n, cfg.max_long_runs, group_cap)
     keys_args = (ids, ws, n, problem.num_embeddings, problem.padding_idx)
     if cfg.sort == "merge":
         block_i = min(cfg.merge_block, cfg.merge_block_i)
@@ -895,7 +1038,7 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
         launch(
             _merge_rank_kernel,
             (triton.cdiv(n, cfg.merge_u),),
-            (ws, n, cfg.max_long_runs),
+            (ws, n, cfg.max_long_runs, group),
             cfg.merge_warps,
             pdl=cfg.pdl,
             BLOCK=cfg.merge_block,
@@ -903,6 +1046,7 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
             STEPS=cfg.merge_block.bit_length(),
             BLOCK_U=cfg.merge_u,
             SPAN=NROWS,
+            GROUP_P2=triton.next_power_of_2(max(group, 1)),
         )
         return plan
     if cfg.sort == "rank":
@@ -920,14 +1064,34 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
     return plan
 
 
-def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config, launch=None) -> torch.Tensor:
-    """Stage 3: sum every partial; finish runs of one partial; return the long runs' partial buffer."""
+def _prefetchable(grad: torch.Tensor, main_grad: torch.Tensor, strides) -> bool:
+    """Whether the pieces of grad's and main_grad's rows lie on 16-byte boundaries (cp.async.bulk.prefetch.L2)."""
+    g, m = grad.element_size(), main_grad.element_size()
+    return (
+        grad.stride(-1) == 1
+        and main_grad.stride(1) == 1
+        and grad.data_ptr() % 16 == 0
+        and main_grad.data_ptr() % 16 == 0
+        and all(stride * g % 16 == 0 for stride in strides[1:])
+        and main_grad.stride(0) * m % 16 == 0
+        and grad.shape[-1] * g % 16 == 0  # so the last H block's piece ends on 16 bytes too
+        and grad.shape[-1] * m % 16 == 0
+    )
+
+
+def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config, launch=None, ids=None) -> torch.Tensor:
+    """Stage 3: sum every partial; finish runs of one partial; return the long runs' partial buffer.
+
+    ids, when given, lets the kernel prefetch the first positions' rows (cfg.l2_prefetch_tokens).
+    """
     launch = launch or _Launcher()
     n, hidden = problem.num_tokens, problem.hidden
     strides = _position_strides(grad)
     if strides is None:  # more than two strided position dimensions: one copy
         grad = grad.contiguous()
         strides = _position_strides(grad)
+    prefetch = cfg.pdl and cfg.sort == "merge" and cfg.l2_prefetch_tokens > 0 and ids is not None and _prefetchable(grad, main_grad, strides)
+    first_rows = (ids, problem.num_embeddings, cfg.l2_prefetch_tokens) if prefetch else (plan.workspace, 0, 0)
     partials = torch.empty(partial_buffer_rows(n, cfg.path), hidden, dtype=torch.float32, device=main_grad.device)
     items = n * triton.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
     folders = cfg.fold_programs
@@ -938,7 +1102,9 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
     launch(
         _partials_kernel,
         (programs,),
-        (plan.workspace, grad, main_grad, partials, n, hidden, cfg.max_long_runs, fold_lo, folders, *strides, grad.stride(-1),
+        (plan.workspace, grad, main_grad, partials, n, hidden, cfg.max_long_runs, fold_lo, folders, plan.group_cap,
+         min(cfg.tail_programs, programs - folders - 1), *first_rows,
+         *strides, grad.stride(-1),
          main_grad.stride(0)),
         cfg.partial_warps,
         pdl=cfg.pdl,
@@ -952,6 +1118,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         PREFETCH=cfg.prefetch,
         FOLD_H=min(cfg.fold_h, cfg.block_h),
         FOLD_BATCH=cfg.fold_batch,
+        PREFETCH_L2=prefetch,
     )
     return partials
 
@@ -982,7 +1149,7 @@ def _launch(ids, grad, main_grad, problem: Problem, path: str) -> None:
     key = None if interpret else _call_key(ids, grad, main_grad, problem, path)
     launch = _Launcher(_CALLS.get(key), main_grad.device.index)
     plan = _plan_stage(ids, problem, cfg, launch)
-    partials = _partials_stage(plan, grad, main_grad, problem, cfg, launch)
+    partials = _partials_stage(plan, grad, main_grad, problem, cfg, launch, ids)
     if cfg.fold_programs == 0:  # else the partials kernel folded the long runs
         _long_runs_stage(plan, partials, main_grad, problem, cfg, launch)
     if key is not None and launch.replay is None and all(c is not None for c in launch.recorded):
