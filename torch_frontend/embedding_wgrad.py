@@ -998,7 +998,6 @@ class _Plan:
     run_start = property(lambda self: self._array(_RUN_START.value))
     partial_ord = property(lambda self: self._array(_AUX.value))
     run_end = property(lambda self: self._array(_RUN_END.value))
-    records = property(lambda self: self.workspace[_REC.value * self.n : _LONG.value * self.n].view(self.n, _REC_FIELDS.value))
     long_count = property(lambda self: self.workspace[_LONG.value * self.n])
     long_runs = property(lambda self: self.workspace[_LONG.value * self.n + _HEADER.value :])
 
@@ -1103,9 +1102,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         _partials_kernel,
         (programs,),
         (plan.workspace, grad, main_grad, partials, n, hidden, cfg.max_long_runs, fold_lo, folders, plan.group_cap,
-         min(cfg.tail_programs, programs - folders - 1), *first_rows,
-         *strides, grad.stride(-1),
-         main_grad.stride(0)),
+         min(cfg.tail_programs, programs - folders - 1), *first_rows, *strides, grad.stride(-1), main_grad.stride(0)),
         cfg.partial_warps,
         pdl=cfg.pdl,
         maxnreg=cfg.partial_maxnreg,
