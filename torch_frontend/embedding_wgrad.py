@@ -866,6 +866,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
     mblock = merge_block(n)
     mblocks = triton.next_power_of_2(triton.cdiv(n, mblock))
     tiles = merge_tiles(mblock)
+    first_tokens = min(n, FIRST_TOKENS) // mblock * mblock  # whole merge blocks
     return _Config(
         path=path,
         sort="rank" if feature else "merge" if n <= MERGE_SORT_MAX_TOKENS else "torch",
@@ -875,8 +876,8 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         merge_blocks=mblocks,
         merge_u=max(1, (8192 if interpret else tiles.lanes) // mblocks),
         merge_warps=4,
-        first_tokens=min(n, FIRST_TOKENS) // mblock * mblock,
-        l2_prefetch_tokens=min(n, FIRST_TOKENS) // mblock * mblock,
+        first_tokens=first_tokens,
+        l2_prefetch_tokens=first_tokens,
         block_i=block_i,
         block_j=block_j,
         runs_block=1024,
