@@ -93,6 +93,12 @@ from embwgrad_core.validate import Problem, check_args
 #: window of each block first, then searches the one window left (NOTES v10; not yet measured).
 MERGE_WINDOW = 16
 
+#: Lanes (tokens x blocks) per _merge_rank_kernel program on a GPU up to FOLD_ROLE_MAX_TOKENS;
+#: above, the tiles shared with the torch twin (1024). H200, one probe_jax call: 4096 uniform
+#: 91.1 -> 87.1 us, 8192 uniform 164.8 -> 162.7, 8192 Zipf 97.9 -> 95.9; at 32768 tokens 256
+#: lanes were 2-4% slower (NOTES v10). The torch twin measured 256 lanes slower at every size.
+SMALL_MERGE_LANES = 256
+
 #: (block_i, block_j) of _rank_kernel in interpret mode, where every program step is an XLA:CPU
 #: loop iteration: large tiles keep it fast. Tests shrink them to cross tile boundaries.
 INTERPRET_RANK_TILES = {SORT: (256, 256), FEATURE: (8 * CHUNK, 8 * CHUNK)}
@@ -803,7 +809,7 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         merge_block_i=mblock if interpret else tiles.block_i,
         merge_tile=mblock if interpret else tiles.tile,
         merge_blocks=mblocks,
-        merge_u=max(1, tiles.lanes // mblocks),
+        merge_u=max(1, (SMALL_MERGE_LANES if n <= FOLD_ROLE_MAX_TOKENS and not interpret else tiles.lanes) // mblocks),
         merge_window=MERGE_WINDOW,
         block_i=block_i,
         block_j=block_j,
