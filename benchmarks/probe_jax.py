@@ -44,6 +44,12 @@ VARIANTS = {
     # merge program; the default is 1024 lanes over the blocks: 64 at 4096 tokens, 32 at 8192).
     "merge_u 16": (("merge_u", 16),),
     "merge_u 8": (("merge_u", 8),),
+    "merge_u 32": (("merge_u", 32),),
+    "merge_u 64": (("merge_u", 64),),
+    # v10 (branch merge-samples): every window's last key first, then one window's search.
+    "window 0": (("merge_window", 0),),
+    "window 8": (("merge_window", 8),),
+    "window 32": (("merge_window", 32),),
 }
 
 

@@ -52,8 +52,8 @@ def variants():
             consts = {"BLOCK": block, "BLOCK_I": tiles.block_i, "TILE": tiles.tile, "PDL": True}
             yield f"block_sort {block} ids={ids}", ew._block_sort_kernel, {"ids_ptr": ids}, consts
     for block, blocks in ((256, 32), (512, 64), (2048, 64)):
-        consts = {"BLOCK": block, "NUM_BLOCKS": blocks, "STEPS": block.bit_length(), "BLOCK_U": 1024 // blocks, "SPAN": NROWS,
-                  "GROUP_P2": 32, "PDL": True}
+        consts = {"BLOCK": block, "NUM_BLOCKS": blocks, "STEPS": 5, "BLOCK_U": 1024 // blocks, "SPAN": NROWS,
+                  "GROUP_P2": 32, "WINDOW": 16, "PDL": True}
         yield f"merge_rank {block}x{blocks}", ew._merge_rank_kernel, {}, consts
     for span in (0, NROWS):
         yield f"runs span={span}", ew._runs_kernel, {}, {"BLOCK": 1024, "SPAN": span, "PDL": True}
