@@ -615,12 +615,12 @@ def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidde
         p = v // num_hb
         col = (v % num_hb) * BLOCK_H
         width = tl.minimum(hidden - col, BLOCK_H)
-        ids = tl.load(ids_ptr + p, mask=take, other=-1)
-        keep = take & (ids >= 0) & (ids < num_embeddings)
+        key = _load_keys(ids_ptr, p, take, num_embeddings, -1)  # every id in range; padding rows are prefetched too
+        keep = take & (key >= 0)
         gsize: tl.constexpr = grad_ptr.dtype.element_ty.primitive_bitwidth // 8
         msize: tl.constexpr = main_grad_ptr.dtype.element_ty.primitive_bitwidth // 8
         g_addr = (grad_ptr + _grad_row(p, grad_dim1, grad_stride0, grad_stride1) + col).to(tl.int64)
-        m_addr = (main_grad_ptr + ids.to(tl.int64) * main_grad_stride + col).to(tl.int64)
+        m_addr = (main_grad_ptr + key.to(tl.int64) * main_grad_stride + col).to(tl.int64)
         _prefetch_l2(g_addr, (width * gsize).to(tl.int32), take)
         _prefetch_l2(m_addr, (width * msize).to(tl.int32), keep)
 
