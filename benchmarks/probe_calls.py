@@ -37,8 +37,8 @@ VARIANTS = {
     "first 512": dict(first_tokens=512, l2_prefetch_tokens=512),
     "tail 0": dict(tail_programs=0),
     "tail 12": dict(tail_programs=12 * SMS),
-    # v10 (branch merge-samples): the merge compares each token with every window's last key
-    # first, then searches one window (default 16 keys).
+    # v11: the merge compares each token with every window's last key first, then searches one
+    # window (default: 16 keys up to MERGE_WINDOW_MAX_TOKENS, none above).
     "window 0": dict(merge_window=0),
     "window 8": dict(merge_window=8),
     "window 32": dict(merge_window=32),

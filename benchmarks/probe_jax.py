@@ -46,10 +46,6 @@ VARIANTS = {
     "merge_u 8": (("merge_u", 8),),
     "merge_u 32": (("merge_u", 32),),
     "merge_u 64": (("merge_u", 64),),
-    # v10 (branch merge-samples): every window's last key first, then one window's search.
-    "window 0": (("merge_window", 0),),
-    "window 8": (("merge_window", 8),),
-    "window 32": (("merge_window", 32),),
 }
 
 

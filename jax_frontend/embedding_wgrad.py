@@ -89,14 +89,13 @@ from embwgrad_core import (
 )
 from embwgrad_core.validate import Problem, check_args
 
-#: As the torch twin's: the merge compares each token with the last key of every MERGE_WINDOW-key
-#: window of each block first, then searches the one window left (NOTES v10; not yet measured).
-MERGE_WINDOW = 16
-
 #: Lanes (tokens x blocks) per _merge_rank_kernel program on a GPU up to FOLD_ROLE_MAX_TOKENS;
-#: above, the tiles shared with the torch twin (1024). H200, one probe_jax call: 4096 uniform
-#: 91.1 -> 87.1 us, 8192 uniform 164.8 -> 162.7, 8192 Zipf 97.9 -> 95.9; at 32768 tokens 256
-#: lanes were 2-4% slower (NOTES v10). The torch twin measured 256 lanes slower at every size.
+#: above, the tiles shared with the torch twin (1024). H200, probe_jax, 1024 -> 256 lanes: 4096
+#: uniform 91.1 -> 87.1 us, then 89.9 -> 87.5 in a later call; 8192 uniform 164.8 -> 162.7, then
+#: 164.0 -> 164.1; 8192 Zipf 97.9 -> 95.9, then 97.4 -> 97.9; at 32768 tokens 256 lanes were 2-4%
+#: slower (NOTES v10, v11). The torch twin measured 256 lanes slower at every size. The torch
+#: twin's window samples (MERGE_WINDOW) measured no faster here (NOTES v11), so the JAX merge
+#: keeps its plain binary searches.
 SMALL_MERGE_LANES = 256
 
 #: (block_i, block_j) of _rank_kernel in interpret mode, where every program step is an XLA:CPU
@@ -246,10 +245,9 @@ def _merge_rank_kernel(
     n: int,
     block: int,  # tokens per block of _block_sort_kernel
     num_blocks: int,  # a power of two >= cdiv(n, block)
-    steps: int,  # binary-search steps: block.bit_length(), or window.bit_length()
+    steps: int,  # binary-search steps: block.bit_length()
     block_u: int,  # block-sorted tokens per program
     unroll: bool,  # the steps unrolled (as the torch twin), else a loop
-    window: int,  # 0, or keys per window: the searches start in the window that the samples give
 ):
     """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
 
@@ -286,14 +284,6 @@ def _merge_rank_kernel(
 
     lo = jnp.zeros((num_blocks, block_u), jnp.int32)
     bounds = (lo, lo + c_len, lo, lo + c_len)
-    if window:  # as the torch twin: each window's last key first, then one window's search
-        lo_lt = lo_le = lo
-        for w in range(block // window):
-            last = (w + 1) * window - 1
-            sample = plgpu.load(block_keys_ref.at[c0 + last], mask=last < c_len, other=_INT32_MAX)
-            lo_lt = lo_lt + (sample < k).astype(jnp.int32) * window
-            lo_le = lo_le + (sample <= k).astype(jnp.int32) * window
-        bounds = (lo_lt, jnp.minimum(lo_lt + window, c_len), lo_le, jnp.minimum(lo_le + window, c_len))
     if unroll:
         for step in range(steps):
             bounds = halve(step, bounds)
@@ -736,7 +726,6 @@ class _Config:
     merge_tile: int  # _block_sort_kernel's comparison tile (divides merge_block)
     merge_blocks: int  # power of two >= cdiv(n, merge_block)
     merge_u: int  # block-sorted tokens per _merge_rank_kernel program (a power of two)
-    merge_window: int  # keys per window whose last key the merge compares first (0: plain binary searches)
     block_i: int  # _rank_kernel tiles
     block_j: int
     runs_block: int  # _runs_kernel slots per program
@@ -810,7 +799,6 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         merge_tile=mblock if interpret else tiles.tile,
         merge_blocks=mblocks,
         merge_u=max(1, (SMALL_MERGE_LANES if n <= FOLD_ROLE_MAX_TOKENS and not interpret else tiles.lanes) // mblocks),
-        merge_window=MERGE_WINDOW,
         block_i=block_i,
         block_j=block_j,
         runs_block=1024,
@@ -906,7 +894,6 @@ def _merge_sort(ids, problem: Problem, cfg: _Config):
         block_i=min(cfg.merge_block_i, cfg.merge_block),
         tile=cfg.merge_tile,
     )(ids)
-    window = cfg.merge_window if 0 < cfg.merge_window < cfg.merge_block else 0
     return _call(
         _merge_rank_kernel,
         cfg,
@@ -917,10 +904,9 @@ def _merge_sort(ids, problem: Problem, cfg: _Config):
         n=n,
         block=cfg.merge_block,
         num_blocks=cfg.merge_blocks,
-        steps=(window if window else cfg.merge_block).bit_length(),
+        steps=cfg.merge_block.bit_length(),
         block_u=cfg.merge_u,
         unroll=cfg.unroll,
-        window=window,
     )(block_keys, block_pos, counts)
 
 

@@ -65,9 +65,14 @@ from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args
 
-#: Merge sort: the merge compares each token with the last key of every MERGE_WINDOW-key window
-#: of each block first, then searches the one window left (NOTES v10; not yet measured).
+#: Merge sort up to MERGE_WINDOW_MAX_TOKENS: the merge compares each token with the last key of
+#: every MERGE_WINDOW-key window of each block first, then searches the one window left. H200,
+#: graph replay, plain searches -> windows of 16 (NOTES v11): 4096 uniform 88.5 -> 87.4 us, 8192
+#: uniform 159.0 -> 158.2, 8192 Zipf 97.2 -> 96.0; but 16384 uniform 303.2 -> 305.4 and 32768
+#: uniform 579.1 -> 591.7 (more blocks, so more samples per token). Windows of 8 were slower
+#: everywhere, of 32 between the two. The JAX twin gained nothing from them and has none.
 MERGE_WINDOW = 16
+MERGE_WINDOW_MAX_TOKENS = 8192
 
 #: Merge sort: the records of the first positions (whole merge blocks) come first, and with PDL
 #: their rows are prefetched into L2 while the plan is made. 256 measured 1-2 us faster at 4096
@@ -893,7 +898,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         merge_blocks=mblocks,
         merge_u=max(1, (8192 if interpret else tiles.lanes) // mblocks),
         merge_warps=4,
-        merge_window=MERGE_WINDOW,
+        merge_window=MERGE_WINDOW if n <= MERGE_WINDOW_MAX_TOKENS else 0,
         first_tokens=first_tokens,
         l2_prefetch_tokens=first_tokens,
         block_i=block_i,
