@@ -14,6 +14,7 @@ from bench_torch import config_overrides, copy_bandwidth, dense_expected, graph_
 from common import floor_bytes, ids_for
 
 import torch_frontend
+from torch_frontend import embedding_wgrad as ew
 from tests.cases import REAL_H, REAL_V
 
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
@@ -64,6 +65,9 @@ def main(argv):
                 work = main_grad.clone()
                 torch_frontend.accumulate(ids, grad, work)
                 exact = same_bits(work, expected)
+                if (n, dist) == POINTS[0]:  # each kernel's registers and spills, once per variant
+                    kernels = [k for call in ew._CALLS.values() for k in call]
+                    print(name, ", ".join(f"{k.name.split('_kernel')[0]} {k.n_regs} regs {k.n_spills} spills" for k in kernels), flush=True)
                 graph = graph_ms(lambda work=work: torch_frontend.accumulate(ids, grad, work)) * 1e3
                 eager = median_ms(lambda work=work: torch_frontend.accumulate(ids, grad, work)) * 1e3
                 del work
