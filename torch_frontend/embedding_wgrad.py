@@ -217,6 +217,19 @@ def _prefetch_l2(addr, nbytes, mask):
 
 
 @triton.jit
+def _discard_l2(addr, mask):
+    """discard.global.L2 of the 128-byte line at addr (128-byte aligned) where mask: dropped from L2, never written back."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p discard.global.L2 [$1], 128; mov.u32 $0, 0; }",
+        "=r,l,r",
+        [addr, mask.to(tl.int32)],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
 def _wait_for(counter_ptr, target):
     """Spin until the counter reaches target; reading it with acquire semantics makes the writes published before it visible."""
     while tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu") < target:
@@ -507,6 +520,8 @@ def _partials_kernel(
     FOLD_H: tl.constexpr,  # sort path: columns of one fold item
     FOLD_BATCH: tl.constexpr,  # sort path: partials a fold loads at once
     PREFETCH_L2: tl.constexpr,  # sort path with PDL: prefetch the first positions' rows before the wait
+    SCRATCH_EVICT_LAST: tl.constexpr,  # long runs' partials stored with L2 priority evict_last
+    DISCARD: tl.constexpr,  # folds drop the partials they read from L2 (discard.global.L2)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sum every partial over every H block: items (partial, H block), H block fastest.
@@ -536,7 +551,7 @@ def _partials_kernel(
         run_start = tl.load(ws_ptr + _RUN_START * n + s)
         _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                  main_grad_stride, s, tl.program_id(0) % num_hb, key, pos0, run_start, 0, ws_ptr,
-                 FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
+                 FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_EVICT_LAST)
     else:
         group_front = tl.load(ws_ptr + _LONG * n + 3)
         group_back = tl.load(ws_ptr + _LONG * n + 4)
@@ -552,7 +567,7 @@ def _partials_kernel(
         folder = (pid >= fold_lo) & (pid < fold_lo + fold_programs)
         if folder:
             _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, pid - fold_lo,
-                       fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH)
+                       fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH, DISCARD)
         wid = pid - tl.where(pid >= fold_lo + fold_programs, fold_programs, 0)  # this program among the others
         # The last tail_programs programs (they start last) take the last items, one each, so that
         # the kernel ends one item after the steady state rather than a few (NOTES v10); the
@@ -571,14 +586,14 @@ def _partials_kernel(
                                                                                 group_front, group_back, group_cap)
                 _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                          main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
-                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
+                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_EVICT_LAST)
                 s, key, pos0, run_start, run_end = s_next, key_next, pos_next, start_next, end_next
         else:
             for w in range(lo, hi, stride):
                 s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, w, hi, num_hb, front, group_front, group_back, group_cap)
                 _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                          main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
-                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H)
+                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_EVICT_LAST)
 
 
 @triton.jit
@@ -647,6 +662,7 @@ def _partial(
     GRAD_ROUNDING: tl.constexpr,
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    SCRATCH_EVICT_LAST: tl.constexpr = False,
 ):
     """The partial that starts at slot s, over H block my_hb (if s starts one): finished, or to the scratch buffer.
 
@@ -716,7 +732,11 @@ def _partial(
         # A run of one partial: +0 + s (sort path) and +0 + round(s) (feature path) both round to round(s).
         new = _round(old + gw, MAIN_ROUNDING)
         tl.store(main_row + cols, new.to(main_grad_ptr.dtype.element_ty), mask=cols < tl.where(finish, hidden, 0))
-        tl.store(partials_ptr + row.to(tl.int64) * hidden + cols, acc, mask=cols < tl.where(in_long_run, hidden, 0))
+        if SCRATCH_EVICT_LAST:
+            tl.store(partials_ptr + row.to(tl.int64) * hidden + cols, acc, mask=cols < tl.where(in_long_run, hidden, 0),
+                     eviction_policy="evict_last")
+        else:
+            tl.store(partials_ptr + row.to(tl.int64) * hidden + cols, acc, mask=cols < tl.where(in_long_run, hidden, 0))
         if not FEATURE_PATH:
             if in_long_run:
                 tl.debug_barrier()  # every thread's part of the partial is stored before the release
@@ -730,7 +750,7 @@ def _partial(
 
 @triton.jit
 def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH: tl.constexpr, SPAN: tl.constexpr,
-          GRAD_ROUNDING: tl.constexpr, BATCH: tl.constexpr, CACHE: tl.constexpr):
+          GRAD_ROUNDING: tl.constexpr, BATCH: tl.constexpr, CACHE: tl.constexpr, DISCARD: tl.constexpr = False):
     """A long run's partials over these columns, folded in order and rounded to grad's dtype (as fp32).
 
     BATCH partials' loads are in flight at once; the adds stay one at a time, in order. Past the
@@ -748,6 +768,11 @@ def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_P
                 acc = tl.where(k0 + u < num_partials, _round(acc + _round(part, GRAD_ROUNDING), GRAD_ROUNDING), acc)
             else:
                 acc = tl.where(k0 + u < num_partials, acc + part, acc)
+    if DISCARD:  # the partials are read: drop their lines from L2 so they are never written back (H % 32 == 0)
+        tl.debug_barrier()  # every thread's loads of them have returned
+        for k in range(0, num_partials):
+            row = _partial_row(run_start, k, FEATURE_PATH, SPAN)
+            _discard_l2(partials_ptr + row.to(tl.int64) * hidden + cols, live_h & (cols % 32 == 0))
     if not FEATURE_PATH:
         acc = _round(acc, GRAD_ROUNDING)
     return acc
@@ -756,7 +781,7 @@ def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_P
 @triton.jit(noinline=True)
 def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, fid, folders,
                SPAN: tl.constexpr, GRAD_ROUNDING: tl.constexpr, MAIN_ROUNDING: tl.constexpr, FOLD_H: tl.constexpr,
-               FOLD_BATCH: tl.constexpr):
+               FOLD_BATCH: tl.constexpr, DISCARD: tl.constexpr):
     """Sort path, inside _partials_kernel: fold the listed long runs, (run, FOLD_H columns) items strided by `folders` programs.
 
     Each item waits until all the run's partials have arrived (num_partials * num_hb items of
@@ -779,7 +804,7 @@ def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride,
         num_partials = tl.load(_listed(ws_ptr, n, e) + 1)
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         _wait_for(arrivals + run_start, num_partials * num_hb)
-        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, False, SPAN, GRAD_ROUNDING, FOLD_BATCH, ".cg")
+        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, False, SPAN, GRAD_ROUNDING, FOLD_BATCH, ".cg", DISCARD)
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
 
 
@@ -799,6 +824,7 @@ def _long_runs_kernel(
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BATCH: tl.constexpr,  # partials loaded per step
+    DISCARD: tl.constexpr,  # drop the partials it reads from L2 (discard.global.L2)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Fold each listed run's partials in order, round, add to main_grad; programs stride the list.
@@ -823,7 +849,7 @@ def _long_runs_kernel(
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         if early:  # this run's partials are in once its arrival counter is full
             _wait_for(arrivals + run_start, num_partials * partial_hb)
-        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "")
+        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "", DISCARD)
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
     if early:
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
@@ -864,6 +890,8 @@ class _Config:
     long_block_h: int
     long_programs: int
     long_batch: int  # partials loaded at once by _long_runs_kernel
+    scratch_evict_last: bool  # long runs' partials stored with L2 priority evict_last
+    scratch_discard: bool  # folds drop the partials they read from L2 (where H % 32 == 0)
     long_warps: int
     max_long_runs: int
 
@@ -919,6 +947,8 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         # long list (large n) wants more programs, each folding fewer runs one after another.
         long_programs=max(1, min(max_long_runs, max(64, min(4096 // long_hb, n // 128)))),
         long_batch=32,
+        scratch_evict_last=False,
+        scratch_discard=False,
         long_warps=1,
         max_long_runs=max_long_runs,
     )
@@ -1104,6 +1134,11 @@ def _prefetchable(grad: torch.Tensor, main_grad: torch.Tensor, strides) -> bool:
     )
 
 
+def _discards(cfg: _Config, problem: Problem) -> bool:
+    """Whether folds drop the partials' lines from L2: whole 128-byte lines need H % 32 == 0 (rows 128-byte aligned)."""
+    return cfg.scratch_discard and problem.hidden % 32 == 0 and not _interpreting()
+
+
 def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config, launch=None, ids=None) -> torch.Tensor:
     """Stage 3: sum every partial; finish runs of one partial; return the long runs' partial buffer.
 
@@ -1142,6 +1177,8 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         FOLD_H=min(cfg.fold_h, cfg.block_h),
         FOLD_BATCH=cfg.fold_batch,
         PREFETCH_L2=prefetch,
+        SCRATCH_EVICT_LAST=cfg.scratch_evict_last,
+        DISCARD=_discards(cfg, problem),
     )
     return partials
 
@@ -1162,6 +1199,7 @@ def _long_runs_stage(plan: _Plan, partials, main_grad, problem: Problem, cfg: _C
         MAIN_ROUNDING=ROUNDING_CODE[problem.main_grad_dtype],
         BLOCK_H=cfg.long_block_h,
         BATCH=cfg.long_batch,
+        DISCARD=_discards(cfg, problem),
     )
 
 
