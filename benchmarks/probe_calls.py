@@ -43,11 +43,8 @@ VARIANTS = {
     "window 0": dict(merge_window=0),
     "window 8": dict(merge_window=8),
     "window 32": dict(merge_window=32),
-    # v11: the long runs' partials in L2: stored evict_last, and/or dropped (discard.global.L2)
-    # once folded, so that they are never written back.
-    "evict last": dict(scratch_evict_last=True),
-    "discard": dict(scratch_discard=True),
-    "evict last + discard": dict(scratch_evict_last=True, scratch_discard=True),
+    # v11: the long runs' partials stored with L2 priority evict_last (the default) or not.
+    "no evict last": dict(scratch_evict_last=False),
 }
 POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (16384, "uniform"), (16384, "zipf"), (32768, "uniform"), (32768, "zipf")]
 

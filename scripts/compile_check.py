@@ -67,13 +67,13 @@ def variants():
             ew._partials_kernel,
             types,
             {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "FOLD_H": 256, "FOLD_BATCH": 16,
-             "PREFETCH_L2": not feature, "SCRATCH_EVICT_LAST": True, "DISCARD": True},
+             "PREFETCH_L2": not feature, "SCRATCH_EVICT_LAST": not feature},
         )
         yield (
             f"long_runs feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]}",
             ew._long_runs_kernel,
             types,
-            {**common, "BLOCK_H": 256, "BATCH": 16, "DISCARD": True},
+            {**common, "BLOCK_H": 256, "BATCH": 16},
         )
 
 

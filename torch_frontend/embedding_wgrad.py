@@ -79,6 +79,12 @@ MERGE_WINDOW_MAX_TOKENS = 8192
 #: and 8192 uniform ids than none; 512 and more, less (NOTES v10). JAX has no PDL, so no twin.
 FIRST_TOKENS = 256
 
+#: Sort path: the long runs' partials are stored with L2 priority evict_last, so that more of
+#: them are still in L2 when they are folded. H200, graph replay (NOTES v11): 8192 Zipf 95.4 ->
+#: 93.7 us, 16384 Zipf 182.9 -> 179.8, 32768 Zipf 342.3 -> 339.6; uniform ids unchanged (no long
+#: runs). Dropping them from L2 once folded (discard.global.L2) measured slower.
+SCRATCH_EVICT_LAST = True
+
 #: Sort path: partials programs per SM, the last to start, that take one item each: 0.3-0.9 us
 #: off against none at 8192 uniform ids (12 to 36 measured alike; NOTES v10).
 TAIL_PROGRAMS_PER_SM = 24
@@ -210,19 +216,6 @@ def _prefetch_l2(addr, nbytes, mask):
         "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
         "=r,l,r,r",
         [addr, nbytes, mask.to(tl.int32)],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit
-def _discard_l2(addr, mask):
-    """discard.global.L2 of the 128-byte line at addr (128-byte aligned) where mask: dropped from L2, never written back."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p discard.global.L2 [$1], 128; mov.u32 $0, 0; }",
-        "=r,l,r",
-        [addr, mask.to(tl.int32)],
         dtype=tl.int32,
         is_pure=False,
         pack=1,
@@ -520,8 +513,7 @@ def _partials_kernel(
     FOLD_H: tl.constexpr,  # sort path: columns of one fold item
     FOLD_BATCH: tl.constexpr,  # sort path: partials a fold loads at once
     PREFETCH_L2: tl.constexpr,  # sort path with PDL: prefetch the first positions' rows before the wait
-    SCRATCH_EVICT_LAST: tl.constexpr,  # long runs' partials stored with L2 priority evict_last
-    DISCARD: tl.constexpr,  # folds drop the partials they read from L2 (discard.global.L2)
+    SCRATCH_EVICT_LAST: tl.constexpr,  # sort path: long runs' partials stored with L2 priority evict_last
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sum every partial over every H block: items (partial, H block), H block fastest.
@@ -567,7 +559,7 @@ def _partials_kernel(
         folder = (pid >= fold_lo) & (pid < fold_lo + fold_programs)
         if folder:
             _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, pid - fold_lo,
-                       fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH, DISCARD)
+                       fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH)
         wid = pid - tl.where(pid >= fold_lo + fold_programs, fold_programs, 0)  # this program among the others
         # The last tail_programs programs (they start last) take the last items, one each, so that
         # the kernel ends one item after the steady state rather than a few (NOTES v10); the
@@ -750,7 +742,7 @@ def _partial(
 
 @triton.jit
 def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH: tl.constexpr, SPAN: tl.constexpr,
-          GRAD_ROUNDING: tl.constexpr, BATCH: tl.constexpr, CACHE: tl.constexpr, DISCARD: tl.constexpr = False):
+          GRAD_ROUNDING: tl.constexpr, BATCH: tl.constexpr, CACHE: tl.constexpr):
     """A long run's partials over these columns, folded in order and rounded to grad's dtype (as fp32).
 
     BATCH partials' loads are in flight at once; the adds stay one at a time, in order. Past the
@@ -768,11 +760,6 @@ def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_P
                 acc = tl.where(k0 + u < num_partials, _round(acc + _round(part, GRAD_ROUNDING), GRAD_ROUNDING), acc)
             else:
                 acc = tl.where(k0 + u < num_partials, acc + part, acc)
-    if DISCARD:  # the partials are read: drop their lines from L2 so they are never written back (H % 32 == 0)
-        tl.debug_barrier()  # every thread's loads of them have returned
-        for k in range(0, num_partials):
-            row = _partial_row(run_start, k, FEATURE_PATH, SPAN)
-            _discard_l2(partials_ptr + row.to(tl.int64) * hidden + cols, live_h & (cols % 32 == 0))
     if not FEATURE_PATH:
         acc = _round(acc, GRAD_ROUNDING)
     return acc
@@ -781,7 +768,7 @@ def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_P
 @triton.jit(noinline=True)
 def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, fid, folders,
                SPAN: tl.constexpr, GRAD_ROUNDING: tl.constexpr, MAIN_ROUNDING: tl.constexpr, FOLD_H: tl.constexpr,
-               FOLD_BATCH: tl.constexpr, DISCARD: tl.constexpr):
+               FOLD_BATCH: tl.constexpr):
     """Sort path, inside _partials_kernel: fold the listed long runs, (run, FOLD_H columns) items strided by `folders` programs.
 
     Each item waits until all the run's partials have arrived (num_partials * num_hb items of
@@ -804,7 +791,7 @@ def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride,
         num_partials = tl.load(_listed(ws_ptr, n, e) + 1)
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         _wait_for(arrivals + run_start, num_partials * num_hb)
-        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, False, SPAN, GRAD_ROUNDING, FOLD_BATCH, ".cg", DISCARD)
+        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, False, SPAN, GRAD_ROUNDING, FOLD_BATCH, ".cg")
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
 
 
@@ -824,7 +811,6 @@ def _long_runs_kernel(
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BATCH: tl.constexpr,  # partials loaded per step
-    DISCARD: tl.constexpr,  # drop the partials it reads from L2 (discard.global.L2)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Fold each listed run's partials in order, round, add to main_grad; programs stride the list.
@@ -849,7 +835,7 @@ def _long_runs_kernel(
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         if early:  # this run's partials are in once its arrival counter is full
             _wait_for(arrivals + run_start, num_partials * partial_hb)
-        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "", DISCARD)
+        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "")
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
     if early:
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
@@ -890,8 +876,7 @@ class _Config:
     long_block_h: int
     long_programs: int
     long_batch: int  # partials loaded at once by _long_runs_kernel
-    scratch_evict_last: bool  # long runs' partials stored with L2 priority evict_last
-    scratch_discard: bool  # folds drop the partials they read from L2 (where H % 32 == 0)
+    scratch_evict_last: bool  # sort path: long runs' partials stored with L2 priority evict_last (SCRATCH_EVICT_LAST)
     long_warps: int
     max_long_runs: int
 
@@ -947,8 +932,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         # long list (large n) wants more programs, each folding fewer runs one after another.
         long_programs=max(1, min(max_long_runs, max(64, min(4096 // long_hb, n // 128)))),
         long_batch=32,
-        scratch_evict_last=False,
-        scratch_discard=False,
+        scratch_evict_last=SCRATCH_EVICT_LAST,
         long_warps=1,
         max_long_runs=max_long_runs,
     )
@@ -1134,11 +1118,6 @@ def _prefetchable(grad: torch.Tensor, main_grad: torch.Tensor, strides) -> bool:
     )
 
 
-def _discards(cfg: _Config, problem: Problem) -> bool:
-    """Whether folds drop the partials' lines from L2: whole 128-byte lines need H % 32 == 0 (rows 128-byte aligned)."""
-    return cfg.scratch_discard and problem.hidden % 32 == 0 and not _interpreting()
-
-
 def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config, launch=None, ids=None) -> torch.Tensor:
     """Stage 3: sum every partial; finish runs of one partial; return the long runs' partial buffer.
 
@@ -1178,7 +1157,6 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         FOLD_BATCH=cfg.fold_batch,
         PREFETCH_L2=prefetch,
         SCRATCH_EVICT_LAST=cfg.scratch_evict_last,
-        DISCARD=_discards(cfg, problem),
     )
     return partials
 
@@ -1199,7 +1177,6 @@ def _long_runs_stage(plan: _Plan, partials, main_grad, problem: Problem, cfg: _C
         MAIN_ROUNDING=ROUNDING_CODE[problem.main_grad_dtype],
         BLOCK_H=cfg.long_block_h,
         BATCH=cfg.long_batch,
-        DISCARD=_discards(cfg, problem),
     )
 
 
