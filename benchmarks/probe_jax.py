@@ -46,8 +46,6 @@ VARIANTS = {
     "merge_u 8": (("merge_u", 8),),
     "merge_u 32": (("merge_u", 32),),
     "merge_u 64": (("merge_u", 64),),
-    # v11: the long runs' partials stored with L2 priority evict_last (the default) or not.
-    "no evict last": (("scratch_evict_last", False),),
 }
 
 

@@ -98,10 +98,6 @@ from embwgrad_core.validate import Problem, check_args
 #: keeps its plain binary searches.
 SMALL_MERGE_LANES = 256
 
-#: Sort path: the long runs' partials are stored with L2 priority evict_last, as the torch twin's
-#: (SCRATCH_EVICT_LAST there, measured 1.7-3 us faster at Zipf ids; NOTES v11).
-SCRATCH_EVICT_LAST = True
-
 #: (block_i, block_j) of _rank_kernel in interpret mode, where every program step is an XLA:CPU
 #: loop iteration: large tiles keep it fast. Tests shrink them to cross tile boundaries.
 INTERPRET_RANK_TILES = {SORT: (256, 256), FEATURE: (8 * CHUNK, 8 * CHUNK)}
@@ -455,7 +451,6 @@ def _partials_kernel(
     fold_lo: int,  # the first of them (0 on a GPU, the last programs in interpret mode)
     fold_h: int,  # columns of one of their items
     fold_batch: int,  # partials they load at once
-    scratch_evict_last: bool,  # sort path: long runs' partials stored with L2 priority evict_last
     interpret: bool,  # Pallas interpret mode: programs run in order, one at a time (no barrier, no waiting)
 ):
     """Every partial's rows summed in order, over one H block per item (partial, H block).
@@ -522,8 +517,7 @@ def _partials_kernel(
             new = _round(old + gw, main_grad_dtype)
             plgpu.store(main_grad_ref.at[key, row_block], new.astype(main_grad_ref.dtype), mask=live_h & finish)
             row = partial_row(run_start, k, path).astype(jnp.int32)  # embwgrad_core.partial_row
-            plgpu.store(partials_ref.at[row, row_block], acc, mask=live_h & ~finish,
-                        eviction_policy="evict_last" if scratch_evict_last and not feature else None)
+            plgpu.store(partials_ref.at[row, row_block], acc, mask=live_h & ~finish)
 
             if feature:  # the sort path's plan lists its long runs
 
@@ -742,7 +736,6 @@ class _Config:
     fold_programs: int  # sort path: _partials_kernel programs that fold the long runs (0, and on the feature path: _long_runs_kernel does)
     fold_h: int  # columns of one of their items
     fold_batch: int  # partials they load at once
-    scratch_evict_last: bool  # sort path: long runs' partials stored with L2 priority evict_last (SCRATCH_EVICT_LAST)
     # The short static loops of _merge_rank_kernel and _partials_kernel unrolled, as the torch
     # twin's (GPU), else loops: XLA:CPU compiles them several times faster in interpret mode.
     unroll: bool
@@ -819,7 +812,6 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         fold_programs=0 if feature or n > FOLD_ROLE_MAX_TOKENS else (2 if interpret else FOLD_PROGRAMS_PER_SM * _gpu_sms()),
         fold_h=min(256, block_h),
         fold_batch=1 if interpret else 16,
-        scratch_evict_last=SCRATCH_EVICT_LAST,
         unroll=not interpret,
         long_block_h=long_block_h,
         long_programs=long_programs,
@@ -1018,7 +1010,6 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
         fold_lo=programs - folders if cfg.interpret else 0,
         fold_h=min(cfg.fold_h, cfg.block_h),
         fold_batch=cfg.fold_batch,
-        scratch_evict_last=cfg.scratch_evict_last,
         interpret=cfg.interpret,
     )(*inputs)
 

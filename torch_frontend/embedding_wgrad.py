@@ -82,7 +82,9 @@ FIRST_TOKENS = 256
 #: Sort path: the long runs' partials are stored with L2 priority evict_last, so that more of
 #: them are still in L2 when they are folded. H200, graph replay (NOTES v11): 8192 Zipf 95.4 ->
 #: 93.7 us, 16384 Zipf 182.9 -> 179.8, 32768 Zipf 342.3 -> 339.6; uniform ids unchanged (no long
-#: runs). Dropping them from L2 once folded (discard.global.L2) measured slower.
+#: runs); 94.3 / 180.7 / 340.4 against 95.9 / 183.9 / 343.1 in a second call. Dropping them from
+#: L2 once folded (discard.global.L2) measured slower. The JAX twin measured mixed (+0.3, +2.3,
+#: -4.4 us at the same points), so it stores them plainly.
 SCRATCH_EVICT_LAST = True
 
 #: Sort path: partials programs per SM, the last to start, that take one item each: 0.3-0.9 us
