@@ -7,6 +7,7 @@ one call in a CUDA graph (the GPU's time) and eagerly (host launch cost included
     python benchmarks/probe_calls.py p64,p128   (those named)
 """
 
+import os
 import sys
 
 import torch
@@ -47,6 +48,8 @@ VARIANTS = {
     "no evict last": dict(scratch_evict_last=False),
 }
 POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (16384, "uniform"), (16384, "zipf"), (32768, "uniform"), (32768, "zipf")]
+if os.environ.get("PROBE_POINTS"):  # e.g. PROBE_POINTS=4096:uniform,8192:zipf
+    POINTS = [(int(p.split(":")[0]), p.split(":")[1]) for p in os.environ["PROBE_POINTS"].split(",")]
 
 
 def main(argv):

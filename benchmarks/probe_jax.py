@@ -46,6 +46,8 @@ VARIANTS = {
     "merge_u 8": (("merge_u", 8),),
     "merge_u 32": (("merge_u", 32),),
     "merge_u 64": (("merge_u", 64),),
+    # v11: the long-run kernel folds and the partials kernel has one warp, as above FOLD_ROLE_MAX_TOKENS.
+    "fold kernel, 1 warp": (("fold_programs", 0), ("partial_warps", 1)),
 }
 
 
