@@ -46,6 +46,12 @@ VARIANTS = {
     "window 32": dict(merge_window=32),
     # v11: the long runs' partials stored with L2 priority evict_last (the default) or not.
     "no evict last": dict(scratch_evict_last=False),
+    # v11: merge blocks of 128 tokens where they were 256 (block sort half the compares; twice
+    # the blocks per search), 1024 or 2048 lanes per merge program.
+    "block 128": dict(merge_block=128, merge_blocks=lambda c: 2 * c.merge_blocks, merge_u=lambda c: max(1, 1024 // (2 * c.merge_blocks)),
+                      merge_tile=128, merge_block_i=16),
+    "block 128 lanes 2048": dict(merge_block=128, merge_blocks=lambda c: 2 * c.merge_blocks,
+                                 merge_u=lambda c: max(1, 2048 // (2 * c.merge_blocks)), merge_tile=128, merge_block_i=16),
 }
 POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (16384, "uniform"), (16384, "zipf"), (32768, "uniform"), (32768, "zipf")]
 if os.environ.get("PROBE_POINTS"):  # e.g. PROBE_POINTS=4096:uniform,8192:zipf
