@@ -47,7 +47,9 @@ VARIANTS = {
     "merge_u 32": (("merge_u", 32),),
     "merge_u 64": (("merge_u", 64),),
     # v11: the long-run kernel folds and the partials kernel has one warp, as above FOLD_ROLE_MAX_TOKENS.
-    "fold kernel, 1 warp": (("fold_programs", 0), ("partial_warps", 1)),
+    "fold kernel 1 warp": (("fold_programs", 0), ("partial_warps", 1)),
+    "block_h 2048": (("block_h", 2048),),
+    "block_h 2048 4 warps": (("block_h", 2048), ("partial_warps", 4)),
 }
 
 
