@@ -79,8 +79,9 @@ MERGE_WINDOW_MAX_TOKENS = 8192
 #: and 8192 uniform ids than none; 512 and more, less (NOTES v10). JAX has no PDL, so no twin.
 FIRST_TOKENS = 256
 
-#: Sort path: the long runs' partials are stored with L2 priority evict_last, so that more of
-#: them are still in L2 when they are folded. H200, graph replay (NOTES v11): 8192 Zipf 95.4 ->
+#: The long runs' partials are stored with L2 priority evict_last, so that more of them are
+#: still in L2 when they are folded (both paths; measured on the sort path, where it matters:
+#: the feature path's scratch is small). H200, graph replay (NOTES v11): 8192 Zipf 95.4 ->
 #: 93.7 us, 16384 Zipf 182.9 -> 179.8, 32768 Zipf 342.3 -> 339.6; uniform ids unchanged (no long
 #: runs); 94.3 / 180.7 / 340.4 against 95.9 / 183.9 / 343.1 in a second call. Dropping them from
 #: L2 once folded (discard.global.L2) measured slower. The JAX twin measured mixed (+0.3, +2.3,
@@ -364,7 +365,7 @@ def _merge_rank_kernel(
     if WINDOW > 0:
         # Each block's windows of WINDOW keys, by their last keys (one round trip for all): the
         # windows whose last key is < key (<= key) hold only keys < key (<= key), so the search
-        # starts in the next window, log2(WINDOW) + 1 steps instead of log2(BLOCK) + 1 (NOTES v10).
+        # starts in the next window, log2(WINDOW) + 1 steps instead of log2(BLOCK) + 1 (NOTES v11).
         for k in tl.static_range(BLOCK // WINDOW):
             last = (k + 1) * WINDOW - 1
             sample = tl.load(c_keys + last, mask=last < c_len, other=_INT32_MAX)
@@ -515,7 +516,7 @@ def _partials_kernel(
     FOLD_H: tl.constexpr,  # sort path: columns of one fold item
     FOLD_BATCH: tl.constexpr,  # sort path: partials a fold loads at once
     PREFETCH_L2: tl.constexpr,  # sort path with PDL: prefetch the first positions' rows before the wait
-    SCRATCH_EVICT_LAST: tl.constexpr,  # sort path: long runs' partials stored with L2 priority evict_last
+    SCRATCH_EVICT_LAST: tl.constexpr,  # long runs' partials stored with L2 priority evict_last
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sum every partial over every H block: items (partial, H block), H block fastest.
@@ -656,7 +657,7 @@ def _partial(
     GRAD_ROUNDING: tl.constexpr,
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    SCRATCH_EVICT_LAST: tl.constexpr = False,
+    SCRATCH_EVICT_LAST: tl.constexpr,
 ):
     """The partial that starts at slot s, over H block my_hb (if s starts one): finished, or to the scratch buffer.
 
@@ -878,7 +879,7 @@ class _Config:
     long_block_h: int
     long_programs: int
     long_batch: int  # partials loaded at once by _long_runs_kernel
-    scratch_evict_last: bool  # sort path: long runs' partials stored with L2 priority evict_last (SCRATCH_EVICT_LAST)
+    scratch_evict_last: bool  # long runs' partials stored with L2 priority evict_last (SCRATCH_EVICT_LAST)
     long_warps: int
     max_long_runs: int
 
