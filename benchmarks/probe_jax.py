@@ -48,6 +48,10 @@ VARIANTS = {
     "merge_u 64": (("merge_u", 64),),
     # v11: the long-run kernel folds and the partials kernel has one warp, as above FOLD_ROLE_MAX_TOKENS.
     "fold kernel 1 warp": (("fold_programs", 0), ("partial_warps", 1)),
+    "merge_u 4": (("merge_u", 4),),
+    "partials 192/SM": (("partial_programs", 192 * ew._gpu_sms()),),
+    "partials 96/SM": (("partial_programs", 96 * ew._gpu_sms()),),
+    "fold 2/SM": (("fold_programs", 2 * ew._gpu_sms()),),
     "block_h 2048": (("block_h", 2048),),
     "block_h 2048 4 warps": (("block_h", 2048), ("partial_warps", 4)),
 }
