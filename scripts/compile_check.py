@@ -67,7 +67,7 @@ def variants():
             ew._partials_kernel,
             types,
             {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "FOLD_H": 256, "FOLD_BATCH": 16,
-             "PREFETCH_L2": not feature, "SCRATCH_EVICT_LAST": not feature},
+             "PREFETCH_L2": not feature, "SCRATCH_POLICY": "" if feature else "evict_last"},
         )
         yield (
             f"long_runs feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]}",

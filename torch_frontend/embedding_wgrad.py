@@ -516,7 +516,7 @@ def _partials_kernel(
     FOLD_H: tl.constexpr,  # sort path: columns of one fold item
     FOLD_BATCH: tl.constexpr,  # sort path: partials a fold loads at once
     PREFETCH_L2: tl.constexpr,  # sort path with PDL: prefetch the first positions' rows before the wait
-    SCRATCH_EVICT_LAST: tl.constexpr,  # long runs' partials stored with L2 priority evict_last
+    SCRATCH_POLICY: tl.constexpr,  # L2 eviction policy of the long runs' partials' stores: "evict_last" or "" (none)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sum every partial over every H block: items (partial, H block), H block fastest.
@@ -546,7 +546,7 @@ def _partials_kernel(
         run_start = tl.load(ws_ptr + _RUN_START * n + s)
         _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                  main_grad_stride, s, tl.program_id(0) % num_hb, key, pos0, run_start, 0, ws_ptr,
-                 FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_EVICT_LAST)
+                 FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY)
     else:
         group_front = tl.load(ws_ptr + _LONG * n + 3)
         group_back = tl.load(ws_ptr + _LONG * n + 4)
@@ -581,14 +581,14 @@ def _partials_kernel(
                                                                                 group_front, group_back, group_cap)
                 _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                          main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
-                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_EVICT_LAST)
+                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY)
                 s, key, pos0, run_start, run_end = s_next, key_next, pos_next, start_next, end_next
         else:
             for w in range(lo, hi, stride):
                 s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, w, hi, num_hb, front, group_front, group_back, group_cap)
                 _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                          main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
-                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_EVICT_LAST)
+                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY)
 
 
 @triton.jit
@@ -657,7 +657,7 @@ def _partial(
     GRAD_ROUNDING: tl.constexpr,
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    SCRATCH_EVICT_LAST: tl.constexpr,
+    SCRATCH_POLICY: tl.constexpr,  # L2 eviction policy of the scratch stores: "evict_last" or "" (none)
 ):
     """The partial that starts at slot s, over H block my_hb (if s starts one): finished, or to the scratch buffer.
 
@@ -727,11 +727,8 @@ def _partial(
         # A run of one partial: +0 + s (sort path) and +0 + round(s) (feature path) both round to round(s).
         new = _round(old + gw, MAIN_ROUNDING)
         tl.store(main_row + cols, new.to(main_grad_ptr.dtype.element_ty), mask=cols < tl.where(finish, hidden, 0))
-        if SCRATCH_EVICT_LAST:
-            tl.store(partials_ptr + row.to(tl.int64) * hidden + cols, acc, mask=cols < tl.where(in_long_run, hidden, 0),
-                     eviction_policy="evict_last")
-        else:
-            tl.store(partials_ptr + row.to(tl.int64) * hidden + cols, acc, mask=cols < tl.where(in_long_run, hidden, 0))
+        tl.store(partials_ptr + row.to(tl.int64) * hidden + cols, acc, mask=cols < tl.where(in_long_run, hidden, 0),
+                 eviction_policy=SCRATCH_POLICY)
         if not FEATURE_PATH:
             if in_long_run:
                 tl.debug_barrier()  # every thread's part of the partial is stored before the release
@@ -1046,11 +1043,16 @@ class _Plan:
         """Sort path: (long runs' records, the others), each [count, _REC_FIELDS] in the order the partials kernel takes them."""
         n, header = self.n, self.workspace[_LONG.value * self.n : _LONG.value * self.n + 5].tolist()
         records = self.workspace[_REC.value * n : _LONG.value * n].view(n, _REC_FIELDS.value)
-        start = _LONG.value * n + _HEADER.value + 2 * self.max_long_runs + n
+        start = _group_records_start(n, self.max_long_runs)
         grouped = self.workspace[start : start + 2 * self.group_cap * _REC_FIELDS.value].view(-1, _REC_FIELDS.value)
         front = torch.cat([grouped[: header[3]], records[: header[1]]])
         back = torch.cat([grouped[self.group_cap : self.group_cap + header[4]], records.flip(0)[: header[2]]])
         return front, back
+
+
+def _group_records_start(n: int, max_long_runs: int) -> int:
+    """The host twin of _group_records: where the merge group's records start in the workspace (its end before them)."""
+    return _WORKSPACE_ARRAYS * n + _HEADER.value + 2 * max_long_runs + n
 
 
 def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
@@ -1059,8 +1061,7 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
     n = problem.num_tokens
     group = min(cfg.first_tokens // cfg.merge_u, _HEADER.value - _STATUS0.value) if cfg.sort == "merge" else 0
     group_cap = group * cfg.merge_u
-    ws = torch.empty(_WORKSPACE_ARRAYS * n + _HEADER.value + 2 * cfg.max_long_runs + n + 2 * group_cap * _REC_FIELDS.value,
-                     dtype=torch.int32, device=ids.device)
+    ws = torch.empty(_group_records_start(n, cfg.max_long_runs) + 2 * group_cap * _REC_FIELDS.value, dtype=torch.int32, device=ids.device)
     plan = _Plan(ws, n, cfg.max_long_runs, group_cap)
     keys_args = (ids, ws, n, problem.num_embeddings, problem.padding_idx)
     if cfg.sort == "merge":
@@ -1159,7 +1160,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         FOLD_H=min(cfg.fold_h, cfg.block_h),
         FOLD_BATCH=cfg.fold_batch,
         PREFETCH_L2=prefetch,
-        SCRATCH_EVICT_LAST=cfg.scratch_evict_last,
+        SCRATCH_POLICY="evict_last" if cfg.scratch_evict_last else "",
     )
     return partials
 
