@@ -89,14 +89,15 @@ from embwgrad_core import (
 )
 from embwgrad_core.validate import Problem, check_args
 
-#: Lanes (tokens x blocks) per _merge_rank_kernel program on a GPU up to FOLD_ROLE_MAX_TOKENS;
-#: above, the tiles shared with the torch twin (1024). H200, probe_jax, 1024 -> 256 lanes: 4096
-#: uniform 91.1 -> 87.1 us, then 89.9 -> 87.5 in a later call; 8192 uniform 164.8 -> 162.7, then
-#: 164.0 -> 164.1; 8192 Zipf 97.9 -> 95.9, then 97.4 -> 97.9; at 32768 tokens 256 lanes were 2-4%
-#: slower (NOTES v10, v11). The torch twin measured 256 lanes slower at every size. The torch
+#: Lanes (tokens x blocks) per _merge_rank_kernel program on a GPU up to
+#: SMALL_MERGE_LANES_MAX_TOKENS; above, the tiles shared with the torch twin (1024). H200,
+#: probe_jax, 1024 -> 256 lanes: 4096 uniform 91.1 -> 87.1 us, then 89.9 -> 87.5 in a later
+#: call; 8192 uniform 164.8 -> 162.7, then 164.0 -> 164.1; 8192 Zipf 97.9 -> 95.9, then 97.4 ->
+#: 97.9; at 32768 tokens 256 lanes were 2-4% slower; 16384 not measured (NOTES v10, v11). The torch twin measured 256 lanes slower at every size. The torch
 #: twin's window samples (MERGE_WINDOW) measured no faster here (NOTES v11), so the JAX merge
 #: keeps its plain binary searches.
 SMALL_MERGE_LANES = 256
+SMALL_MERGE_LANES_MAX_TOKENS = 8192
 
 #: (block_i, block_j) of _rank_kernel in interpret mode, where every program step is an XLA:CPU
 #: loop iteration: large tiles keep it fast. Tests shrink them to cross tile boundaries.
@@ -798,7 +799,7 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         merge_block_i=mblock if interpret else tiles.block_i,
         merge_tile=mblock if interpret else tiles.tile,
         merge_blocks=mblocks,
-        merge_u=max(1, (SMALL_MERGE_LANES if n <= FOLD_ROLE_MAX_TOKENS and not interpret else tiles.lanes) // mblocks),
+        merge_u=max(1, (SMALL_MERGE_LANES if n <= SMALL_MERGE_LANES_MAX_TOKENS and not interpret else tiles.lanes) // mblocks),
         block_i=block_i,
         block_j=block_j,
         runs_block=1024,

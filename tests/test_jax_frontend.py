@@ -124,7 +124,7 @@ def test_sort_choice_follows_threshold_and_packing():
         tiles = merge_tiles(cfg.merge_block)
         assert (cfg.merge_block, cfg.merge_tile, cfg.merge_block_i) == (merge_block(n), tiles.tile, tiles.block_i)
         assert blocks <= cfg.merge_blocks < 2 * blocks and cfg.merge_blocks <= MERGE_MAX_BLOCKS
-        assert cfg.merge_u * cfg.merge_blocks == (ew.SMALL_MERGE_LANES if n <= FOLD_ROLE_MAX_TOKENS else tiles.lanes)
+        assert cfg.merge_u * cfg.merge_blocks == (ew.SMALL_MERGE_LANES if n <= ew.SMALL_MERGE_LANES_MAX_TOKENS else tiles.lanes)
         warps = 2 if n <= FOLD_ROLE_MAX_TOKENS else 1  # two where the partials kernel folds
         assert (cfg.unroll, cfg.partial_warps, cfg.partial_programs) == (True, warps, PARTIAL_PROGRAMS_PER_SM * ew._gpu_sms())
     cfg = config(200, 10, overrides=(("merge_block", 8), ("merge_tile", 8)))
