@@ -36,6 +36,13 @@ def ids_for(dist: str, n: int, vocab: int) -> np.ndarray:
     return (uniform_ids if dist == "uniform" else zipf_ids)(n, vocab, seed=n)
 
 
+def probe_points(default: list) -> list:
+    """The (n, ids) points of a probe: PROBE_POINTS (e.g. 4096:uniform,8192:zipf) where set, else default."""
+    if not os.environ.get("PROBE_POINTS"):
+        return default
+    return [(int(p.split(":")[0]), p.split(":")[1]) for p in os.environ["PROBE_POINTS"].split(",")]
+
+
 def floor_bytes(ids: np.ndarray, hidden: int, grad_bytes: int = 2, main_grad_bytes: int = 4) -> int:
     """Bytes that must move: every grad row read once, every touched main_grad row read and written."""
     return ids.size * hidden * grad_bytes + 2 * np.unique(ids).size * hidden * main_grad_bytes

@@ -7,12 +7,11 @@ one call in a CUDA graph (the GPU's time) and eagerly (host launch cost included
     python benchmarks/probe_calls.py p64,p128   (those named)
 """
 
-import os
 import sys
 
 import torch
 from bench_torch import config_overrides, copy_bandwidth, dense_expected, graph_ms, median_ms, same_bits
-from common import floor_bytes, ids_for
+from common import floor_bytes, ids_for, probe_points
 
 import torch_frontend
 from torch_frontend import embedding_wgrad as ew
@@ -53,9 +52,8 @@ VARIANTS = {
     "block 128 lanes 2048": dict(merge_block=128, merge_blocks=lambda c: 2 * c.merge_blocks,
                                  merge_u=lambda c: max(1, 2048 // (2 * c.merge_blocks)), merge_tile=128, merge_block_i=16),
 }
-POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (16384, "uniform"), (16384, "zipf"), (32768, "uniform"), (32768, "zipf")]
-if os.environ.get("PROBE_POINTS"):  # e.g. PROBE_POINTS=4096:uniform,8192:zipf
-    POINTS = [(int(p.split(":")[0]), p.split(":")[1]) for p in os.environ["PROBE_POINTS"].split(",")]
+POINTS = probe_points(  # or PROBE_POINTS
+    [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (16384, "uniform"), (16384, "zipf"), (32768, "uniform"), (32768, "zipf")])
 
 
 def main(argv):

@@ -12,20 +12,17 @@ the plain jit, both with a new grad array every call, as in training, where XLA 
 the command buffer's arguments each time.
 """
 
-import os
 import sys
 
 import jax
 import jax.numpy as jnp
 from bench_jax import chain_ms
-from common import ids_for
+from common import ids_for, probe_points
 
 from jax_frontend import embedding_wgrad as ew
 from tests.cases import REAL_H, REAL_V
 
-POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform"), (32768, "zipf")]
-if os.environ.get("PROBE_POINTS"):  # e.g. PROBE_POINTS=16384:uniform,131072:zipf
-    POINTS = [(int(p.split(":")[0]), p.split(":")[1]) for p in os.environ["PROBE_POINTS"].split(",")]
+POINTS = probe_points([(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform"), (32768, "zipf")])  # or PROBE_POINTS
 #: name -> _Config overrides
 VARIANTS = {
     "default": (),
