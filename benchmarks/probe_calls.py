@@ -51,6 +51,20 @@ VARIANTS = {
                       merge_tile=128, merge_block_i=16),
     "block 128 lanes 2048": dict(merge_block=128, merge_blocks=lambda c: 2 * c.merge_blocks,
                                  merge_u=lambda c: max(1, 2048 // (2 * c.merge_blocks)), merge_tile=128, merge_block_i=16),
+    # v12: the block sort's and the merge's warps per program (default 4).
+    "merge warps 2": dict(merge_warps=2),
+    "merge warps 8": dict(merge_warps=8),
+    # v12: the partials kernel's next record: asked into L1 before this item's rows and loaded
+    # after them (the default), loaded before them (as up to v11), or loaded after them unasked.
+    "record first": dict(record_hint=False),
+    "no L1 hint": dict(l1_hint=False),
+    # v12: fewer partials programs (each pays a header and a record round trip before its rows).
+    "pp 128": dict(partial_programs=128 * SMS),
+    "pp 96": dict(partial_programs=96 * SMS),
+    "pp 64": dict(partial_programs=64 * SMS),
+    "pp 48": dict(partial_programs=48 * SMS),
+    "lanes 1024": dict(merge_u=lambda cfg: max(1, 1024 // cfg.merge_blocks)),
+    "first 0": dict(first_tokens=0, l2_prefetch_tokens=0),
 }
 POINTS = probe_points(  # or PROBE_POINTS
     [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (16384, "uniform"), (16384, "zipf"), (32768, "uniform"), (32768, "zipf")])

@@ -66,7 +66,7 @@ def variants():
             f"partials feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]}",
             ew._partials_kernel,
             types,
-            {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "FOLD_H": 256, "FOLD_BATCH": 16,
+            {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT, "FOLD_H": 256, "FOLD_BATCH": 16,
              "PREFETCH_L2": not feature, "SCRATCH_POLICY": "" if feature else "evict_last"},
         )
         yield (

@@ -91,6 +91,7 @@ STAGE_ROUTES = {
     "rank-small": (FEATURE, dict(block_i=2 * CHUNK, block_j=CHUNK, block_h=8)),
     "rank-wide-steps": (FEATURE, dict(block_i=CHUNK, block_j=4 * CHUNK, block_h=8)),
     "merge-small-h-blocks": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, block_h=8)),
+    "merge-record-first": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, record_hint=False)),
     "rank-gpu": (FEATURE, dict(zip(("block_i", "block_j"), ew.RANK_TILES))),
 }
 

@@ -20,7 +20,8 @@ synchronisation:
    single-pass scan, _ordered_bases).
 3. ``_partials_kernel`` sums each partial's rows in fp32, in order, over one H block per
    item. Sort path: a fixed grid strides the records, long runs' partials first, so no
-   program is spent on a slot that starts none, and its last programs take one item each;
+   program is spent on a slot that starts none, and its last programs take one item each; each
+   program asks L1 for its next item's record before the current item's rows (RECORD_HINT);
    with PDL its programs first prefetch the first positions' rows into L2 (a hint, while the
    plan is still being made), then wait; feature path: one program per (slot, H block).
    A run of one partial is finished there (rounded and added into main_grad); a longer run's
@@ -74,6 +75,23 @@ from embwgrad_core.validate import Problem, check_args
 MERGE_WINDOW = 16
 MERGE_WINDOW_MAX_TOKENS = 8192
 
+#: Merge sort up to SMALL_MERGE_LANES_MAX_TOKENS: SMALL_MERGE_LANES [tokens, blocks] lanes per merge
+#: program (merge_tiles' 1024 above), so four times the programs. The merge is bound by its
+#: instructions per warp (Nsight Compute at 4096 uniform ids: 2.5 k per warp, one warp per
+#: scheduler on 64 SMs). H200, graph replay (NOTES v12): 4096 uniform 87.3 -> 85.7 us, 4096 Zipf
+#: 61.6 -> 61.3; but 8192 uniform 157.2 -> 158.5 and 16384 uniform 304.3 -> 314.8, where the
+#: 1024-lane programs already fill the SMs. The JAX twin's bound is 8192 (its own constants).
+SMALL_MERGE_LANES = 256
+SMALL_MERGE_LANES_MAX_TOKENS = 4096
+
+#: Sort path: partials programs per SM for n up to each bound, PARTIAL_PROGRAMS_PER_SM above.
+#: Each program pays a header and a record round trip before its first rows, and with few
+#: records (repeated ids, small n) many programs find no item at all. H200, graph replay (NOTES
+#: v12), 128 -> 96 -> 64 per SM: 4096 uniform 87.3 / 87.4 / 87.2, 4096 Zipf 61.6 / 58.2 / 56.1;
+#: 8192 uniform 157.2 / 157.2 / 160.3, 8192 Zipf 94.5 / 92.6 / 91.3; 16384 uniform 304.3 / 305.6 /
+#: 314.4, 16384 Zipf 179.5 / 178.2 / 179.5.
+SMALL_PARTIAL_PROGRAMS_PER_SM = ((4096, 64), (8192, 96))
+
 #: Merge sort: the records of the first positions (whole merge blocks) come first, and with PDL
 #: their rows are prefetched into L2 while the plan is made. 256 measured 1-2 us faster at 4096
 #: and 8192 uniform ids than none; 512 and more, less (NOTES v10). JAX has no PDL, so no twin.
@@ -87,6 +105,10 @@ FIRST_TOKENS = 256
 #: L2 once folded (discard.global.L2) measured slower. The JAX twin measured mixed (+0.3, +2.3,
 #: -4.4 us at the same points), so it stores them plainly.
 SCRATCH_EVICT_LAST = True
+
+#: Sort path: the partials kernel asks the next item's record into L1 before the current item's
+#: rows and loads it after them, rather than loading it before them (NOTES v12).
+RECORD_HINT = True
 
 #: Sort path: partials programs per SM, the last to start, that take one item each: 0.3-0.9 us
 #: off against none at 8192 uniform ids (12 to 36 measured alike; NOTES v10).
@@ -223,6 +245,12 @@ def _prefetch_l2(addr, nbytes, mask):
         is_pure=False,
         pack=1,
     )
+
+
+@triton.jit
+def _prefetch_l1(addr):
+    """prefetch.global.L1 of the line at addr: a hint, no data, so nothing waits for it."""
+    tl.inline_asm_elementwise("prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [addr], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -513,6 +541,8 @@ def _partials_kernel(
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
     PREFETCH: tl.constexpr,  # sort path: load the next item's record before this item's rows
+    RECORD_HINT: tl.constexpr,  # with PREFETCH: instead, load it after them, with L1_HINT asked into L1 before them
+    L1_HINT: tl.constexpr,  # prefetch.global.L1 (inline PTX: not under the interpreter)
     FOLD_H: tl.constexpr,  # sort path: columns of one fold item
     FOLD_BATCH: tl.constexpr,  # sort path: partials a fold loads at once
     PREFETCH_L2: tl.constexpr,  # sort path with PDL: prefetch the first positions' rows before the wait
@@ -573,7 +603,22 @@ def _partials_kernel(
         lo = tl.where(folder, items, tl.where(is_tail, tail_item, wid))
         hi = tl.where(folder | (is_tail & (tail_item < 0)), lo, tl.where(is_tail, tail_item + 1, tl.maximum(items - tail_programs, 0)))
         stride = tl.where(is_tail, 1, head)
-        if PREFETCH:  # the next item's record is in flight while this item's rows are
+        if PREFETCH and RECORD_HINT:
+            # The next item's record is asked into L1 (a hint: no register waits for it) before this
+            # item's rows, and loaded after them. Loaded before them as scalars (below), ptxas moves
+            # its fields into uniform registers at once, so each item waited for the next record's
+            # L2 round trip before asking for its own rows (NOTES v12).
+            s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, lo, hi, num_hb, front, group_front, group_back,
+                                                            group_cap)
+            for w in range(lo, hi, stride):
+                if L1_HINT:
+                    _prefetch_l1(_record_address(ws_ptr, n, max_long_runs, w + stride, num_hb, front, group_front, group_back, group_cap))
+                _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
+                         main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
+                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY)
+                s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, w + stride, hi, num_hb, front, group_front,
+                                                                group_back, group_cap)
+        elif PREFETCH:  # the next item's record is in flight while this item's rows are
             s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, lo, hi, num_hb, front, group_front, group_back,
                                                             group_cap)
             for w in range(lo, hi, stride):
@@ -592,8 +637,8 @@ def _partials_kernel(
 
 
 @triton.jit
-def _load_record(ws_ptr, n, max_long_runs, w, end, num_hb, front, group_front, group_back, group_cap):
-    """(slot, key, position, run start, run end) of item w's record; zeros from item `end` on.
+def _record_address(ws_ptr, n, max_long_runs, w, num_hb, front, group_front, group_back, group_cap):
+    """Where item w's record is.
 
     Records [0, front) are long runs' partials: the group's (_append_records), then the list's
     from its front; the others are the group's, then the list's from its back."""
@@ -603,7 +648,13 @@ def _load_record(ws_ptr, n, max_long_runs, w, end, num_hb, front, group_front, g
     in_group = tl.where(is_front, r < group_front, b < group_back)
     grouped = _group_records(ws_ptr, n, max_long_runs) + tl.where(is_front, r, group_cap + b) * _REC_FIELDS
     listed = ws_ptr + _REC * n + tl.where(is_front, r - group_front, n - 1 - (b - group_back)) * _REC_FIELDS
-    rec = tl.where(in_group, grouped, listed)
+    return tl.where(in_group, grouped, listed)
+
+
+@triton.jit
+def _load_record(ws_ptr, n, max_long_runs, w, end, num_hb, front, group_front, group_back, group_cap):
+    """(slot, key, position, run start, run end) of item w's record; zeros from item `end` on."""
+    rec = _record_address(ws_ptr, n, max_long_runs, w, num_hb, front, group_front, group_back, group_cap)
     live = w < end
     return (
         tl.load(rec, mask=live, other=0),
@@ -868,6 +919,8 @@ class _Config:
     partial_maxnreg: int | None  # ptxas register cap of _partials_kernel (None: the compiler's choice)
     partial_programs: int  # sort path: _partials_kernel's programs, which stride the partials
     prefetch: bool  # sort path: _partials_kernel loads the next item's record before this item's rows
+    record_hint: bool  # sort path: ... after them, having asked it into L1 before them (RECORD_HINT)
+    l1_hint: bool  # that L1 hint (probes turn it off to measure it)
     tail_programs: int  # sort path: its last programs (but the folders), which take the last items, one each
     fold_programs: int  # sort path: _partials_kernel programs that fold the long runs (0, and on the feature path: _long_runs_kernel does)
     fold_h: int  # columns of one of their items
@@ -909,7 +962,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         merge_block_i=mblock if interpret else tiles.block_i,
         merge_tile=mblock if interpret else tiles.tile,
         merge_blocks=mblocks,
-        merge_u=max(1, (8192 if interpret else tiles.lanes) // mblocks),
+        merge_u=max(1, (8192 if interpret else SMALL_MERGE_LANES if n <= SMALL_MERGE_LANES_MAX_TOKENS else tiles.lanes) // mblocks),
         merge_warps=4,
         merge_window=MERGE_WINDOW if n <= MERGE_WINDOW_MAX_TOKENS else 0,
         first_tokens=first_tokens,
@@ -920,8 +973,10 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         block_h=block_h,
         partial_warps=1,
         partial_maxnreg=None,
-        partial_programs=PARTIAL_PROGRAMS_PER_SM * sms,
+        partial_programs=next((per_sm for bound, per_sm in SMALL_PARTIAL_PROGRAMS_PER_SM if n <= bound), PARTIAL_PROGRAMS_PER_SM) * sms,
         prefetch=True,
+        record_hint=RECORD_HINT,
+        l1_hint=True,
         tail_programs=0 if feature else TAIL_PROGRAMS_PER_SM * sms,
         fold_programs=FOLD_PROGRAMS_PER_SM * sms if not feature and n <= FOLD_ROLE_MAX_TOKENS else 0,
         fold_h=256,
@@ -1157,6 +1212,8 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         MAIN_ROUNDING=ROUNDING_CODE[problem.main_grad_dtype],
         BLOCK_H=cfg.block_h,
         PREFETCH=cfg.prefetch,
+        RECORD_HINT=cfg.record_hint,
+        L1_HINT=cfg.record_hint and cfg.l1_hint and not _interpreting(),
         FOLD_H=min(cfg.fold_h, cfg.block_h),
         FOLD_BATCH=cfg.fold_batch,
         PREFETCH_L2=prefetch,
