@@ -612,7 +612,9 @@ def _partials_kernel(
                                                             group_cap)
             for w in range(lo, hi, stride):
                 if L1_HINT:
-                    _prefetch_l1(_record_address(ws_ptr, n, max_long_runs, w + stride, num_hb, front, group_front, group_back, group_cap))
+                    # (the last item's record again past the last item: any other address there is no record's)
+                    nxt = tl.minimum(w + stride, hi - 1)
+                    _prefetch_l1(_record_address(ws_ptr, n, max_long_runs, nxt, num_hb, front, group_front, group_back, group_cap))
                 _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                          main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
                          FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY)
