@@ -1,0 +1,85 @@
+"""Registers and stack of the torch sort path's partials kernel as the H200 compiles it, offline (sm_90).
+
+    python scripts/registers.py                          (the default constexprs)
+    python scripts/registers.py RECORD_HINT=0 maxnreg=144 ...   (overrides; several sets: one per argument group, ';'-separated)
+
+The GPU launch specialises what compile_check.py leaves generic: pointers and sizes divisible
+by 16 (so grad rows load as 16-byte vectors), grad_dim1 = grad_stride_h = 1, one warp. Without
+these hints the same kernel compiles to 255 registers and a stack; with them, pip Triton 3.6
+reproduces the device's counts (NOTES v12: 139-141 registers). It prints the registers, the
+stack and the spill instructions from Triton's bundled cuobjdump, so a change's effect on
+occupancy can be checked before a device call. Compiles only; launches nothing.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from embwgrad_core import CHUNK, NROWS  # noqa: E402
+from embwgrad_core.dtypes import ROUNDING_CODE  # noqa: E402
+from torch_frontend import embedding_wgrad as ew  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+#: Arguments that are multiples of 16 in the benchmark's calls (V = 129280, H = 7168, n = 4096-32768).
+DIVISIBLE = {"ws_ptr", "grad_ptr", "main_grad_ptr", "partials_ptr", "ids_ptr", "n", "hidden", "max_long_runs", "grad_stride0",
+             "main_grad_stride", "num_embeddings", "prefetch_tokens", "fold_programs", "group_cap", "tail_programs"}
+POINTERS = {"grad_ptr": "*bf16", "main_grad_ptr": "*fp32", "partials_ptr": "*fp32", "ids_ptr": "*i64", "ws_ptr": "*i32"}
+
+
+def defaults() -> dict:
+    """The sort path's constexprs for bf16 grad into fp32 main_grad, as _partials_stage passes them on the H200."""
+    return {
+        "grad_dim1": 1, "grad_stride_h": 1, "PDL": True, "FEATURE_PATH": False, "SPAN": NROWS, "CHUNK_SIZE": CHUNK,
+        "GRAD_ROUNDING": ROUNDING_CODE["bfloat16"], "MAIN_ROUNDING": ROUNDING_CODE["float32"], "BLOCK_H": 1024, "PREFETCH": True,
+        "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT, "FOLD_H": 256, "FOLD_BATCH": 16, "PREFETCH_L2": True,
+        "SCRATCH_POLICY": "evict_last" if ew.SCRATCH_EVICT_LAST else "",
+    }
+
+
+def usage(constexprs: dict, maxnreg=None) -> str:
+    fn = ew._partials_kernel
+    sig = {name: "constexpr" if name in constexprs else POINTERS.get(name, "i32") for name in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in DIVISIBLE}
+    options = {"num_warps": 1, **({"maxnreg": maxnreg} if maxnreg else {})}
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), target=TARGET, options=options)
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        resources = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"REG:(\d+)", resources).group(1)
+    stack = re.search(r"STACK:(\d+)", resources).group(1)
+    spills = len(re.findall(r"\b(STL|LDL)\b", sass))
+    return f"{regs} registers, {stack} B stack, {spills} spill instructions"
+
+
+def parse(arg: str):
+    constexprs, maxnreg = defaults(), None
+    for item in filter(None, arg.split()):
+        name, value = item.split("=")
+        if name == "maxnreg":
+            maxnreg = int(value)
+        else:
+            constexprs[name] = int(value) if value.lstrip("-").isdigit() else value
+    return constexprs, maxnreg
+
+
+def main(argv):
+    print("triton", triton.__version__)
+    for arg in " ".join(argv).split(";") if argv else [""]:
+        constexprs, maxnreg = parse(arg)
+        print(f"{arg.strip() or 'default':40s} {usage(constexprs, maxnreg)}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
