@@ -65,6 +65,9 @@ VARIANTS = {
     "pp 48": dict(partial_programs=48 * SMS),
     "lanes 1024": dict(merge_u=lambda cfg: max(1, 1024 // cfg.merge_blocks)),
     "first 0": dict(first_tokens=0, l2_prefetch_tokens=0),
+    "pp 48 tail 12": dict(partial_programs=48 * SMS, tail_programs=12 * SMS),
+    "tail 6": dict(tail_programs=6 * SMS),
+    "default again": {},  # a second measurement of the default in the same process
 }
 POINTS = probe_points(  # or PROBE_POINTS
     [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (16384, "uniform"), (16384, "zipf"), (32768, "uniform"), (32768, "zipf")])
