@@ -93,9 +93,10 @@ from embwgrad_core.validate import Problem, check_args
 #: SMALL_MERGE_LANES_MAX_TOKENS; above, the tiles shared with the torch twin (1024). H200,
 #: probe_jax, 1024 -> 256 lanes: 4096 uniform 91.1 -> 87.1 us, then 89.9 -> 87.5 in a later
 #: call; 8192 uniform 164.8 -> 162.7, then 164.0 -> 164.1; 8192 Zipf 97.9 -> 95.9, then 97.4 ->
-#: 97.9; at 32768 tokens 256 lanes were 2-4% slower; 16384 not measured (NOTES v10, v11). The torch twin measured 256 lanes slower at every size. The torch
-#: twin's window samples (MERGE_WINDOW) measured no faster here (NOTES v11), so the JAX merge
-#: keeps its plain binary searches.
+#: 97.9; at 32768 tokens 256 lanes were 2-4% slower; 16384 not measured (NOTES v10, v11). The
+#: torch twin measured 256 lanes faster only up to 4096 tokens (its own bound, NOTES v12). The
+#: torch twin's window samples (MERGE_WINDOW) measured no faster here (NOTES v11), so the JAX
+#: merge keeps its plain binary searches.
 SMALL_MERGE_LANES = 256
 SMALL_MERGE_LANES_MAX_TOKENS = 8192
 

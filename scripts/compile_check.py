@@ -39,9 +39,11 @@ def signature(fn, types: dict, constexprs: dict) -> dict:
     return sig
 
 
-def compile_one(fn, types, constexprs, num_warps=4):
-    src = ASTSource(fn=fn, signature=signature(fn, types, constexprs), constexprs=constexprs)
-    return triton.compile(src, target=TARGET, options={"num_warps": num_warps})
+def compile_one(fn, types, constexprs, num_warps=4, divisible=(), **options):
+    """fn compiled for TARGET; the arguments named in divisible are marked multiples of 16, as a launch specialises them."""
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in divisible}
+    src = ASTSource(fn=fn, signature=signature(fn, types, constexprs), constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=TARGET, options={"num_warps": num_warps, **options})
 
 
 def variants():

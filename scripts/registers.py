@@ -21,14 +21,12 @@ os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from compile_check import compile_one  # noqa: E402
 
 from embwgrad_core import CHUNK, NROWS  # noqa: E402
 from embwgrad_core.dtypes import ROUNDING_CODE  # noqa: E402
 from torch_frontend import embedding_wgrad as ew  # noqa: E402
 
-TARGET = GPUTarget("cuda", 90, 32)
 #: Arguments that are multiples of 16 in the benchmark's calls (V = 129280, H = 7168, n = 4096-32768).
 DIVISIBLE = {"ws_ptr", "grad_ptr", "main_grad_ptr", "partials_ptr", "ids_ptr", "n", "hidden", "max_long_runs", "grad_stride0",
              "main_grad_stride", "num_embeddings", "prefetch_tokens", "fold_programs", "group_cap", "tail_programs"}
@@ -46,11 +44,8 @@ def defaults() -> dict:
 
 
 def usage(constexprs: dict, maxnreg=None) -> str:
-    fn = ew._partials_kernel
-    sig = {name: "constexpr" if name in constexprs else POINTERS.get(name, "i32") for name in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in DIVISIBLE}
-    options = {"num_warps": 1, **({"maxnreg": maxnreg} if maxnreg else {})}
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), target=TARGET, options=options)
+    kernel = compile_one(ew._partials_kernel, POINTERS, constexprs, num_warps=1, divisible=DIVISIBLE,
+                         **({"maxnreg": maxnreg} if maxnreg else {}))
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
