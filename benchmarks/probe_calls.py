@@ -67,6 +67,16 @@ VARIANTS = {
     "first 0": dict(first_tokens=0, l2_prefetch_tokens=0),
     "pp 48 tail 12": dict(partial_programs=48 * SMS, tail_programs=12 * SMS),
     "tail 6": dict(tail_programs=6 * SMS),
+    # v13: lone tokens (ids that occur once) of the first positions added by the partials kernel's
+    # first programs while the merge runs (default: LONE_TOKENS, LONE_PROGRAMS_PER_SM).
+    "lone 0": dict(lone_tokens=0),
+    "lone 512": dict(lone_tokens=512),
+    "lone 2048": dict(lone_tokens=2048),
+    "lone 4096": dict(lone_tokens=4096),
+    "lone progs 4": dict(lone_programs=4 * SMS),
+    "lone progs 16": dict(lone_programs=16 * SMS),
+    "lone no prefetch": dict(l2_prefetch_tokens=0),
+    "lone no group": dict(first_tokens=0, l2_prefetch_tokens=0),
     "default again": {},  # a second measurement of the default in the same process
 }
 POINTS = probe_points(  # or PROBE_POINTS

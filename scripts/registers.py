@@ -29,8 +29,9 @@ from torch_frontend import embedding_wgrad as ew  # noqa: E402
 
 #: Arguments that are multiples of 16 in the benchmark's calls (V = 129280, H = 7168, n = 4096-32768).
 DIVISIBLE = {"ws_ptr", "grad_ptr", "main_grad_ptr", "partials_ptr", "ids_ptr", "n", "hidden", "max_long_runs", "grad_stride0",
-             "main_grad_stride", "num_embeddings", "prefetch_tokens", "fold_programs", "group_cap", "tail_programs"}
-POINTERS = {"grad_ptr": "*bf16", "main_grad_ptr": "*fp32", "partials_ptr": "*fp32", "ids_ptr": "*i64", "ws_ptr": "*i32"}
+             "main_grad_stride", "num_embeddings", "prefetch_tokens", "fold_programs", "group_cap", "tail_programs",
+             "counts_ptr", "lone_tokens", "lone_programs"}
+POINTERS = {"grad_ptr": "*bf16", "main_grad_ptr": "*fp32", "partials_ptr": "*fp32", "ids_ptr": "*i64", "ws_ptr": "*i32", "counts_ptr": "*i32"}
 
 
 def defaults() -> dict:
@@ -39,6 +40,7 @@ def defaults() -> dict:
         "grad_dim1": 1, "grad_stride_h": 1, "PDL": True, "FEATURE_PATH": False, "SPAN": NROWS, "CHUNK_SIZE": CHUNK,
         "GRAD_ROUNDING": ROUNDING_CODE["bfloat16"], "MAIN_ROUNDING": ROUNDING_CODE["float32"], "BLOCK_H": 1024, "PREFETCH": True,
         "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT, "FOLD_H": 256, "FOLD_BATCH": 16, "PREFETCH_L2": True,
+        "LONE": ew.LONE_TOKENS[0][1] > 0,
         "SCRATCH_POLICY": "evict_last" if ew.SCRATCH_EVICT_LAST else "",
     }
 

@@ -110,6 +110,15 @@ SCRATCH_EVICT_LAST = True
 #: rows and loads it after them, rather than loading it before them (NOTES v12).
 RECORD_HINT = True
 
+#: Merge sort: the tokens at positions [0, lone_tokens) whose id occurs once in the call (most
+#: tokens, for ids spread over a large vocabulary) need no plan: the block sort counts every id
+#: (one integer atomic per token into a zeroed [V] array), and the partials kernel's first
+#: LONE_PROGRAMS_PER_SM programs per SM add those tokens' rows while the merge still runs (with
+#: PDL, before their wait on the plan); the merge publishes no record for them.
+#: (n bound, lone_tokens) pairs: n up to the bound gets that many; above the last bound, none.
+LONE_TOKENS = ((4096, 1024), (8192, 1024), (32768, 1024))
+LONE_PROGRAMS_PER_SM = 8
+
 #: Sort path: partials programs per SM, the last to start, that take one item each: 0.3-0.9 us
 #: off against none at 8192 uniform ids (12 to 36 measured alike; NOTES v10).
 TAIL_PROGRAMS_PER_SM = 24
@@ -261,17 +270,18 @@ def _wait_for(counter_ptr, target):
 
 
 @triton.jit
-def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end, live, group, group_cap, SPAN: tl.constexpr,
-                    GROUP_P2: tl.constexpr):
+def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end, live, group, group_cap, lone_tokens,
+                    SPAN: tl.constexpr, GROUP_P2: tl.constexpr):
     """Sort path: publish a record (_REC) for each of these slots that starts a partial, and list the long runs.
 
     Partials of long runs (more than SPAN slots) go to the front of the record list, the others
     to its back. A long run's first slot lists the run (run start, partials) for the long-run
     kernel and zeroes its arrival counter. One atomic per list. Merge sort: programs below
     `group` place theirs in program order in the group's lists instead (_ordered_bases), which
-    the partials kernel takes first.
+    the partials kernel takes first. No record for a token of a run of one at a position below
+    lone_tokens: the partials kernel adds those before its wait on the plan (_lone_tokens).
     """
-    starts = live & (key >= 0) & ((slot - run_start) % SPAN == 0)
+    starts = live & (key >= 0) & ((slot - run_start) % SPAN == 0) & ((run_end - run_start != 1) | (pos >= lone_tokens))
     long = run_end - run_start > SPAN
     front = (starts & long).to(tl.int32)
     back = (starts & ~long).to(tl.int32)
@@ -332,9 +342,11 @@ def _block_sort_kernel(
     n,  # number of tokens
     num_embeddings,  # V
     padding_idx,  # id that adds nothing, or -1
+    counts_ptr,  # COUNT: int32 [V], zeroed: each id's tokens out
     BLOCK: tl.constexpr,  # tokens per block: merge_block(n)
     BLOCK_I: tl.constexpr,  # tokens of the block ranked per program (program (b, c) ranks chunk c of block b)
     TILE: tl.constexpr,  # tokens compared per step
+    COUNT: tl.constexpr,  # count each id's tokens (the partials kernel's lone tokens)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sort path, step 1 of the merge-rank sort: sort each block of BLOCK tokens stably by counting."""
@@ -343,6 +355,8 @@ def _block_sort_kernel(
     i = b0 + tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     live = i < n
     key_i = _load_keys(ids_ptr, i, live, num_embeddings, padding_idx)
+    if COUNT:
+        tl.atomic_add(counts_ptr + key_i, 1, mask=live & (key_i >= 0), sem="relaxed")
     before = tl.zeros([BLOCK_I, TILE], dtype=tl.int32)
     for j0 in range(0, BLOCK, TILE):
         j = b0 + j0 + tl.arange(0, TILE)
@@ -362,6 +376,7 @@ def _merge_rank_kernel(
     n,  # number of tokens
     max_long_runs,  # entries of the long-run list
     group,  # the first programs, whose records go first (_append_records)
+    lone_tokens,  # lone tokens at positions below this get no record (_append_records)
     BLOCK: tl.constexpr,  # tokens per block of _block_sort_kernel
     NUM_BLOCKS: tl.constexpr,  # a power of two >= cdiv(n, BLOCK)
     STEPS: tl.constexpr,  # binary-search steps: log2(BLOCK) + 1, or log2(WINDOW) + 1
@@ -369,6 +384,7 @@ def _merge_rank_kernel(
     SPAN: tl.constexpr,  # NROWS
     GROUP_P2: tl.constexpr,  # a power of two >= group
     WINDOW: tl.constexpr,  # 0, or keys per window: the searches start in the window that the samples give
+    WAIT_FIRST: tl.constexpr,  # with PDL: let the partials kernel launch only after the wait, once the block sort has counted
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
@@ -377,7 +393,11 @@ def _merge_rank_kernel(
     its own block its local rank; the run starts after all keys < it and ends after all keys
     <= it (plan.merge_ranks).
     """
-    _pdl_enter(PDL)
+    if PDL and WAIT_FIRST:  # the partials kernel's lone tokens read the block sort's counts before their own wait
+        gdc_wait()
+        gdc_launch_dependents()
+    else:
+        _pdl_enter(PDL)
     u = tl.program_id(0) * BLOCK_U + tl.arange(0, BLOCK_U)
     live = u < n
     key = tl.load(ws_ptr + _AUX * n + u, mask=live, other=0)
@@ -419,7 +439,8 @@ def _merge_rank_kernel(
     tl.store(ws_ptr + _POS * n + slot, pos, mask=live)
     tl.store(ws_ptr + _RUN_START * n + slot, run_start, mask=live)
     tl.store(ws_ptr + _RUN_END * n + slot, run_end, mask=live)
-    _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end, live, group, group * BLOCK_U, SPAN, GROUP_P2)
+    _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end, live, group, group * BLOCK_U, lone_tokens, SPAN,
+                    GROUP_P2)
 
 
 @triton.jit
@@ -508,7 +529,7 @@ def _runs_kernel(
     tl.store(ws_ptr + _RUN_END * n + s, lo_end, mask=live)
     if SPAN > 0:
         pos = tl.load(ws_ptr + _POS * n + s, mask=live, other=0)
-        _append_records(ws_ptr, n, max_long_runs, s, key, pos, lo, lo_end, live, 0, 0, SPAN, 1)
+        _append_records(ws_ptr, n, max_long_runs, s, key, pos, lo, lo_end, live, 0, 0, 0, SPAN, 1)
     elif tl.program_id(0) == 0:
         tl.store(ws_ptr + _LONG * n, 0)
 
@@ -526,9 +547,13 @@ def _partials_kernel(
     fold_programs,  # sort path: programs that fold long runs (0: _long_runs_kernel folds them)
     group_cap,  # merge sort: records of each of the group's lists (_append_records)
     tail_programs,  # sort path: the last programs but the folders, which take one item each
-    ids_ptr,  # PREFETCH_L2: token ids in position order
-    num_embeddings,  # PREFETCH_L2: V
+    ids_ptr,  # PREFETCH_L2, LONE: token ids in position order
+    num_embeddings,  # PREFETCH_L2, LONE: V
     prefetch_tokens,  # PREFETCH_L2: positions [0, prefetch_tokens) have their rows prefetched
+    counts_ptr,  # LONE: int32 [V], each id's tokens (_block_sort_kernel)
+    padding_idx,  # LONE: id that adds nothing, or -1
+    lone_tokens,  # LONE: positions [0, lone_tokens) whose id occurs once are added before the wait
+    lone_programs,  # LONE: by the first lone_programs programs
     grad_dim1,  # 1 for a contiguous grad: Triton then folds the division away
     grad_stride0,
     grad_stride1,
@@ -546,6 +571,7 @@ def _partials_kernel(
     FOLD_H: tl.constexpr,  # sort path: columns of one fold item
     FOLD_BATCH: tl.constexpr,  # sort path: partials a fold loads at once
     PREFETCH_L2: tl.constexpr,  # sort path with PDL: prefetch the first positions' rows before the wait
+    LONE: tl.constexpr,  # merge sort: add the lone tokens of positions [0, lone_tokens) first (_lone_tokens)
     SCRATCH_POLICY: tl.constexpr,  # L2 eviction policy of the long runs' partials' stores: "evict_last" or "" (none)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
@@ -565,6 +591,9 @@ def _partials_kernel(
     if PREFETCH_L2:  # before the wait: the plan is still being made, DRAM is idle (NOTES v10)
         _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidden, prefetch_tokens, grad_dim1,
                              grad_stride0, grad_stride1, main_grad_stride, BLOCK_H)
+    if LONE:  # with PDL while the merge still runs: the block sort's counts are in (WAIT_FIRST)
+        _lone_tokens(ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_embeddings, padding_idx, hidden, lone_tokens, lone_programs,
+                     grad_dim1, grad_stride0, grad_stride1, grad_stride_h, main_grad_stride, MAIN_ROUNDING, BLOCK_H)
     if PDL:  # wait first, then let the long-run kernel launch: it reads the plan without waiting
         gdc_wait()
         gdc_launch_dependents()
@@ -691,6 +720,31 @@ def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidde
         m_addr = (main_grad_ptr + key.to(tl.int64) * main_grad_stride + col).to(tl.int64)
         _prefetch_l2(g_addr, (width * gsize).to(tl.int32), take)
         _prefetch_l2(m_addr, (width * msize).to(tl.int32), keep)
+
+
+@triton.jit(noinline=True)
+def _lone_tokens(ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_embeddings, padding_idx, hidden, lone_tokens, lone_programs,
+                 grad_dim1, grad_stride0, grad_stride1, grad_stride_h, main_grad_stride, MAIN_ROUNDING: tl.constexpr,
+                 BLOCK_H: tl.constexpr):
+    """Programs [0, lone_programs) add the rows of positions [0, lone_tokens) whose id occurs once, strided.
+
+    A lone token's run is one partial of one row: main_grad[id] = round(main_grad[id] + (0 + row)),
+    the bits of _partial's copy-add. It needs no plan, only the block sort's counts, read
+    from L2 (.cg); the merge publishes no record for these tokens.
+    """
+    pid = tl.program_id(0)
+    for p in range(pid, tl.where(pid < lone_programs, lone_tokens, 0), lone_programs):
+        key = _load_keys(ids_ptr, p, True, num_embeddings, padding_idx)
+        count = tl.load(counts_ptr + key, mask=key >= 0, other=0, cache_modifier=".cg")
+        grad_row = grad_ptr + _grad_row(p, grad_dim1, grad_stride0, grad_stride1)
+        main_row = main_grad_ptr + key.to(tl.int64) * main_grad_stride
+        for col in range(0, tl.where(count == 1, hidden, 0), BLOCK_H):
+            cols = col + tl.arange(0, BLOCK_H)
+            g = tl.load(grad_row + cols * grad_stride_h, mask=cols < hidden, other=0.0)
+            old = tl.load(main_row + cols, mask=cols < hidden, other=0.0).to(tl.float32)
+            acc = tl.zeros([BLOCK_H], dtype=tl.float32) + g.to(tl.float32)  # 0 + row: -0 becomes +0, as in PyTorch
+            new = _round(old + acc, MAIN_ROUNDING)
+            tl.store(main_row + cols, new.to(main_grad_ptr.dtype.element_ty), mask=cols < hidden)
 
 
 @triton.jit
@@ -913,6 +967,8 @@ class _Config:
     merge_window: int  # keys per window whose last key the merge compares first (0: plain binary searches)
     first_tokens: int  # merge sort: the records of positions [0, this) come first (a multiple of merge_block; 0: none)
     l2_prefetch_tokens: int  # merge sort with PDL: their rows are prefetched into L2 while the plan is made (0: none)
+    lone_tokens: int  # merge sort: lone tokens of positions [0, this) are added before the plan (LONE_TOKENS; 0: none)
+    lone_programs: int  # by this many partials programs (LONE_PROGRAMS_PER_SM)
     block_i: int  # _rank_kernel tiles
     block_j: int
     runs_block: int
@@ -969,6 +1025,8 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         merge_window=MERGE_WINDOW if n <= MERGE_WINDOW_MAX_TOKENS else 0,
         first_tokens=first_tokens,
         l2_prefetch_tokens=first_tokens,
+        lone_tokens=0 if feature or n > MERGE_SORT_MAX_TOKENS else min(n, next((tokens for bound, tokens in LONE_TOKENS if n <= bound), 0)),
+        lone_programs=LONE_PROGRAMS_PER_SM * sms,
         block_i=block_i,
         block_j=block_j,
         runs_block=1024,
@@ -1083,6 +1141,9 @@ class _Plan:
     n: int
     max_long_runs: int
     group_cap: int = 0  # merge sort: records of each of the group's lists (_append_records)
+    ids: torch.Tensor | None = None  # merge sort with lone tokens: the token ids, and
+    counts: torch.Tensor | None = None  # each id's tokens (int32 [V])
+    lone_tokens: int = 0  # lone tokens of positions [0, this) have no record (_lone_tokens adds them)
 
     def _array(self, index: int) -> torch.Tensor:
         return self.workspace[index * self.n : (index + 1) * self.n]
@@ -1119,25 +1180,28 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
     group = min(cfg.first_tokens // cfg.merge_u, _HEADER.value - _STATUS0.value) if cfg.sort == "merge" else 0
     group_cap = group * cfg.merge_u
     ws = torch.empty(_group_records_start(n, cfg.max_long_runs) + 2 * group_cap * _REC_FIELDS.value, dtype=torch.int32, device=ids.device)
-    plan = _Plan(ws, n, cfg.max_long_runs, group_cap)
     keys_args = (ids, ws, n, problem.num_embeddings, problem.padding_idx)
     if cfg.sort == "merge":
+        lone = min(n, cfg.lone_tokens)
+        counts = torch.zeros(problem.num_embeddings, dtype=torch.int32, device=ids.device) if lone else None
+        plan = _Plan(ws, n, cfg.max_long_runs, group_cap, ids if lone else None, counts, lone)
         block_i = min(cfg.merge_block, cfg.merge_block_i)
         window = cfg.merge_window if 0 < cfg.merge_window < cfg.merge_block else 0
         launch(
             _block_sort_kernel,
             (triton.cdiv(n, cfg.merge_block), cfg.merge_block // block_i),
-            keys_args,
+            (*keys_args, ws if counts is None else counts),
             cfg.merge_warps,
             pdl=cfg.pdl,
             BLOCK=cfg.merge_block,
             BLOCK_I=block_i,
             TILE=cfg.merge_tile,
+            COUNT=counts is not None,
         )
         launch(
             _merge_rank_kernel,
             (triton.cdiv(n, cfg.merge_u),),
-            (ws, n, cfg.max_long_runs, group),
+            (ws, n, cfg.max_long_runs, group, lone),
             cfg.merge_warps,
             pdl=cfg.pdl,
             BLOCK=cfg.merge_block,
@@ -1147,8 +1211,10 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
             SPAN=NROWS,
             WINDOW=window,
             GROUP_P2=triton.next_power_of_2(max(group, 1)),
+            WAIT_FIRST=lone > 0,
         )
         return plan
+    plan = _Plan(ws, n, cfg.max_long_runs, group_cap)
     if cfg.sort == "rank":
         if cfg.block_i % CHUNK or cfg.block_j % CHUNK:
             raise ValueError(f"rank tiles ({cfg.block_i=}, {cfg.block_j=}) must be multiples of {CHUNK}")
@@ -1190,8 +1256,10 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
     if strides is None:  # more than two strided position dimensions: one copy
         grad = grad.contiguous()
         strides = _position_strides(grad)
+    ids = plan.ids if ids is None else ids
     prefetch = cfg.pdl and cfg.sort == "merge" and cfg.l2_prefetch_tokens > 0 and ids is not None and _prefetchable(grad, main_grad, strides)
-    first_rows = (ids, problem.num_embeddings, cfg.l2_prefetch_tokens) if prefetch else (plan.workspace, 0, 0)
+    lone = plan.lone_tokens > 0
+    first_rows = (ids, problem.num_embeddings, cfg.l2_prefetch_tokens if prefetch else 0) if prefetch or lone else (plan.workspace, 0, 0)
     partials = torch.empty(partial_buffer_rows(n, cfg.path), hidden, dtype=torch.float32, device=main_grad.device)
     items = n * triton.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
     folders = cfg.fold_programs
@@ -1199,11 +1267,12 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
     # With PDL the folding programs start right after the long runs' partials (the kernel knows
     # where); without it, last (Triton's interpreter runs programs in order, one at a time).
     fold_lo = 0 if cfg.pdl else programs - folders
+    lone_args = (plan.counts, problem.padding_idx, plan.lone_tokens, min(cfg.lone_programs, programs)) if lone else (plan.workspace, -1, 0, 0)
     launch(
         _partials_kernel,
         (programs,),
         (plan.workspace, grad, main_grad, partials, n, hidden, cfg.max_long_runs, fold_lo, folders, plan.group_cap,
-         min(cfg.tail_programs, programs - folders - 1), *first_rows, *strides, grad.stride(-1), main_grad.stride(0)),
+         min(cfg.tail_programs, programs - folders - 1), *first_rows, *lone_args, *strides, grad.stride(-1), main_grad.stride(0)),
         cfg.partial_warps,
         pdl=cfg.pdl,
         maxnreg=cfg.partial_maxnreg,
@@ -1219,6 +1288,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         FOLD_H=min(cfg.fold_h, cfg.block_h),
         FOLD_BATCH=cfg.fold_batch,
         PREFETCH_L2=prefetch,
+        LONE=lone,
         SCRATCH_POLICY="evict_last" if cfg.scratch_evict_last else "",
     )
     return partials
