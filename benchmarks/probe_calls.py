@@ -77,6 +77,12 @@ VARIANTS = {
     "lone progs 16": dict(lone_programs=16 * SMS),
     "lone no prefetch": dict(l2_prefetch_tokens=0),
     "lone no group": dict(first_tokens=0, l2_prefetch_tokens=0),
+    "lone 1": dict(lone_tokens=1),  # the machinery (memset, counts, the merge's later launch) without the work
+    "lone items": dict(lone_items=True),
+    "lone zero kernel": dict(zero_kernel=True),
+    "lone zk items": dict(zero_kernel=True, lone_items=True),
+    "lone zk items 2048": dict(zero_kernel=True, lone_items=True, lone_tokens=2048),
+    "lone zk items 512": dict(zero_kernel=True, lone_items=True, lone_tokens=512),
     "default again": {},  # a second measurement of the default in the same process
 }
 POINTS = probe_points(  # or PROBE_POINTS

@@ -336,6 +336,17 @@ def _ordered_bases(status_ptr, num_front, num_back, GROUP_P2: tl.constexpr):
 
 
 @triton.jit
+def _zero_kernel(counts_ptr, size, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """counts_ptr[:size] = 0 (int32), BLOCK per program. With PDL it waits for the kernel before it (which may
+    still read the array), then lets the block sort launch: its programs sort, then wait for this."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(counts_ptr + i, tl.zeros([BLOCK], dtype=tl.int32), mask=i < size)
+
+
+@triton.jit
 def _block_sort_kernel(
     ids_ptr,  # int32/int64 [n]: token ids in position order
     ws_ptr,  # int32 workspace out: block-sorted keys at _AUX * n, their positions at _AUX2 * n
@@ -347,16 +358,18 @@ def _block_sort_kernel(
     BLOCK_I: tl.constexpr,  # tokens of the block ranked per program (program (b, c) ranks chunk c of block b)
     TILE: tl.constexpr,  # tokens compared per step
     COUNT: tl.constexpr,  # count each id's tokens (the partials kernel's lone tokens)
+    ZEROED: tl.constexpr,  # with PDL: _zero_kernel zeroes the counts: sort first, wait for it, then count and store
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sort path, step 1 of the merge-rank sort: sort each block of BLOCK tokens stably by counting."""
-    _pdl_enter(PDL)
+    if PDL and ZEROED:
+        gdc_launch_dependents()
+    else:
+        _pdl_enter(PDL)
     b0 = tl.program_id(0) * BLOCK
     i = b0 + tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     live = i < n
     key_i = _load_keys(ids_ptr, i, live, num_embeddings, padding_idx)
-    if COUNT:
-        tl.atomic_add(counts_ptr + key_i, 1, mask=live & (key_i >= 0), sem="relaxed")
     before = tl.zeros([BLOCK_I, TILE], dtype=tl.int32)
     for j0 in range(0, BLOCK, TILE):
         j = b0 + j0 + tl.arange(0, TILE)
@@ -364,6 +377,10 @@ def _block_sort_kernel(
         earlier = (key_j[None, :] < key_i[:, None]) | ((key_j[None, :] == key_i[:, None]) & (j[None, :] < i[:, None]))
         before += earlier.to(tl.int32)
     rank = b0 + tl.sum(before, axis=1)
+    if PDL and ZEROED:
+        gdc_wait()
+    if COUNT:
+        tl.atomic_add(counts_ptr + key_i, 1, mask=live & (key_i >= 0), sem="relaxed")
     tl.store(ws_ptr + _AUX * n + rank, key_i, mask=live)
     tl.store(ws_ptr + _AUX2 * n + rank, i, mask=live)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
@@ -572,6 +589,7 @@ def _partials_kernel(
     FOLD_BATCH: tl.constexpr,  # sort path: partials a fold loads at once
     PREFETCH_L2: tl.constexpr,  # sort path with PDL: prefetch the first positions' rows before the wait
     LONE: tl.constexpr,  # merge sort: add the lone tokens of positions [0, lone_tokens) first (_lone_tokens)
+    LONE_ITEMS: tl.constexpr,  # ... as (position, H block) items rather than a position per step
     SCRATCH_POLICY: tl.constexpr,  # L2 eviction policy of the long runs' partials' stores: "evict_last" or "" (none)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
@@ -593,7 +611,7 @@ def _partials_kernel(
                              grad_stride0, grad_stride1, main_grad_stride, BLOCK_H)
     if LONE:  # with PDL while the merge still runs: the block sort's counts are in (WAIT_FIRST)
         _lone_tokens(ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_embeddings, padding_idx, hidden, lone_tokens, lone_programs,
-                     grad_dim1, grad_stride0, grad_stride1, grad_stride_h, main_grad_stride, MAIN_ROUNDING, BLOCK_H)
+                     grad_dim1, grad_stride0, grad_stride1, grad_stride_h, main_grad_stride, MAIN_ROUNDING, BLOCK_H, LONE_ITEMS)
     if PDL:  # wait first, then let the long-run kernel launch: it reads the plan without waiting
         gdc_wait()
         gdc_launch_dependents()
@@ -725,7 +743,7 @@ def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidde
 @triton.jit(noinline=True)
 def _lone_tokens(ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_embeddings, padding_idx, hidden, lone_tokens, lone_programs,
                  grad_dim1, grad_stride0, grad_stride1, grad_stride_h, main_grad_stride, MAIN_ROUNDING: tl.constexpr,
-                 BLOCK_H: tl.constexpr):
+                 BLOCK_H: tl.constexpr, ITEMS: tl.constexpr):
     """Programs [0, lone_programs) add the rows of positions [0, lone_tokens) whose id occurs once, strided.
 
     A lone token's run is one partial of one row: main_grad[id] = round(main_grad[id] + (0 + row)),
@@ -733,6 +751,20 @@ def _lone_tokens(ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_embeddings, p
     from L2 (.cg); the merge publishes no record for these tokens.
     """
     pid = tl.program_id(0)
+    if ITEMS:  # items (position, H block), H block fastest
+        num_hb = tl.cdiv(hidden, BLOCK_H)
+        for v in range(pid, tl.where(pid < lone_programs, lone_tokens * num_hb, 0), lone_programs):
+            p = v // num_hb
+            key = _load_keys(ids_ptr, p, True, num_embeddings, padding_idx)
+            count = tl.load(counts_ptr + key, mask=key >= 0, other=0, cache_modifier=".cg")
+            cols = (v % num_hb) * BLOCK_H + tl.arange(0, BLOCK_H)
+            live = cols < tl.where(count == 1, hidden, 0)
+            g = tl.load(grad_ptr + _grad_row(p, grad_dim1, grad_stride0, grad_stride1) + cols * grad_stride_h, mask=live, other=0.0)
+            main_row = main_grad_ptr + key.to(tl.int64) * main_grad_stride
+            old = tl.load(main_row + cols, mask=live, other=0.0).to(tl.float32)
+            acc = tl.zeros([BLOCK_H], dtype=tl.float32) + g.to(tl.float32)  # 0 + row: -0 becomes +0, as in PyTorch
+            tl.store(main_row + cols, _round(old + acc, MAIN_ROUNDING).to(main_grad_ptr.dtype.element_ty), mask=live)
+        return
     for p in range(pid, tl.where(pid < lone_programs, lone_tokens, 0), lone_programs):
         key = _load_keys(ids_ptr, p, True, num_embeddings, padding_idx)
         count = tl.load(counts_ptr + key, mask=key >= 0, other=0, cache_modifier=".cg")
@@ -969,6 +1001,8 @@ class _Config:
     l2_prefetch_tokens: int  # merge sort with PDL: their rows are prefetched into L2 while the plan is made (0: none)
     lone_tokens: int  # merge sort: lone tokens of positions [0, this) are added before the plan (LONE_TOKENS; 0: none)
     lone_programs: int  # by this many partials programs (LONE_PROGRAMS_PER_SM)
+    lone_items: bool  # as (position, H block) items
+    zero_kernel: bool  # with PDL: counts zeroed by _zero_kernel, overlapped with the block sort (else a memset)
     block_i: int  # _rank_kernel tiles
     block_j: int
     runs_block: int
@@ -1027,6 +1061,8 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         l2_prefetch_tokens=first_tokens,
         lone_tokens=0 if feature or n > MERGE_SORT_MAX_TOKENS else min(n, next((tokens for bound, tokens in LONE_TOKENS if n <= bound), 0)),
         lone_programs=LONE_PROGRAMS_PER_SM * sms,
+        lone_items=False,
+        zero_kernel=False,
         block_i=block_i,
         block_j=block_j,
         runs_block=1024,
@@ -1183,7 +1219,12 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
     keys_args = (ids, ws, n, problem.num_embeddings, problem.padding_idx)
     if cfg.sort == "merge":
         lone = min(n, cfg.lone_tokens)
-        counts = torch.zeros(problem.num_embeddings, dtype=torch.int32, device=ids.device) if lone else None
+        zero_kernel = lone > 0 and cfg.zero_kernel and cfg.pdl
+        if lone and zero_kernel:
+            counts = torch.empty(problem.num_embeddings, dtype=torch.int32, device=ids.device)
+            launch(_zero_kernel, (triton.cdiv(problem.num_embeddings, 1024),), (counts, problem.num_embeddings), 4, pdl=cfg.pdl, BLOCK=1024)
+        else:
+            counts = torch.zeros(problem.num_embeddings, dtype=torch.int32, device=ids.device) if lone else None
         plan = _Plan(ws, n, cfg.max_long_runs, group_cap, ids if lone else None, counts, lone)
         block_i = min(cfg.merge_block, cfg.merge_block_i)
         window = cfg.merge_window if 0 < cfg.merge_window < cfg.merge_block else 0
@@ -1197,6 +1238,7 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
             BLOCK_I=block_i,
             TILE=cfg.merge_tile,
             COUNT=counts is not None,
+            ZEROED=zero_kernel,
         )
         launch(
             _merge_rank_kernel,
@@ -1289,6 +1331,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         FOLD_BATCH=cfg.fold_batch,
         PREFETCH_L2=prefetch,
         LONE=lone,
+        LONE_ITEMS=cfg.lone_items,
         SCRATCH_POLICY="evict_last" if cfg.scratch_evict_last else "",
     )
     return partials
