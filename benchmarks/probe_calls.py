@@ -67,22 +67,15 @@ VARIANTS = {
     "first 0": dict(first_tokens=0, l2_prefetch_tokens=0),
     "pp 48 tail 12": dict(partial_programs=48 * SMS, tail_programs=12 * SMS),
     "tail 6": dict(tail_programs=6 * SMS),
-    # v13: lone tokens (ids that occur once) of the first positions added by the partials kernel's
-    # first programs while the merge runs (default: LONE_TOKENS, LONE_PROGRAMS_PER_SM).
+    # v13: lone tokens (ids that occur once) added by programs of their own, first in the partials
+    # kernel's grid, while the merge runs (default: all positions, LONE_PER_PROGRAM each).
     "lone 0": dict(lone_tokens=0),
-    "lone 512": dict(lone_tokens=512),
+    "lone 1": dict(lone_tokens=1),  # the machinery (counts, the partials kernel's later launch) without the work
+    "lone 1024": dict(lone_tokens=1024),
     "lone 2048": dict(lone_tokens=2048),
-    "lone 4096": dict(lone_tokens=4096),
-    "lone progs 4": dict(lone_programs=4 * SMS),
-    "lone progs 16": dict(lone_programs=16 * SMS),
-    "lone no prefetch": dict(l2_prefetch_tokens=0),
-    "lone no group": dict(first_tokens=0, l2_prefetch_tokens=0),
-    "lone 1": dict(lone_tokens=1),  # the machinery (memset, counts, the merge's later launch) without the work
-    "lone items": dict(lone_items=True),
-    "lone zero kernel": dict(zero_kernel=True),
-    "lone zk items": dict(zero_kernel=True, lone_items=True),
-    "lone zk items 2048": dict(zero_kernel=True, lone_items=True, lone_tokens=2048),
-    "lone zk items 512": dict(zero_kernel=True, lone_items=True, lone_tokens=512),
+    "lone per 1": dict(lone_per_program=1),
+    "lone per 4": dict(lone_per_program=4),
+    "lone per 8": dict(lone_per_program=8),
     "default again": {},  # a second measurement of the default in the same process
 }
 POINTS = probe_points(  # or PROBE_POINTS

@@ -47,16 +47,15 @@ def compile_one(fn, types, constexprs, num_warps=4, divisible=(), **options):
 
 
 def variants():
-    yield "zero", ew._zero_kernel, {}, {"BLOCK": 1024, "PDL": True}
     for ids in ("*i32", "*i64"):
         yield f"rank ids={ids}", ew._rank_kernel, {"ids_ptr": ids}, {"PDL": True, "CHUNK_SIZE": CHUNK, "BLOCK_I": ew.RANK_TILES[0], "BLOCK_J": ew.RANK_TILES[1]}
         for block in (256, 512, 2048):
             tiles = merge_tiles(block)
-            consts = {"BLOCK": block, "BLOCK_I": tiles.block_i, "TILE": tiles.tile, "COUNT": True, "ZEROED": True, "PDL": True}
+            consts = {"BLOCK": block, "BLOCK_I": tiles.block_i, "TILE": tiles.tile, "COUNT": True, "PDL": True}
             yield f"block_sort {block} ids={ids}", ew._block_sort_kernel, {"ids_ptr": ids}, consts
     for block, blocks in ((256, 32), (512, 64), (2048, 64)):
         consts = {"BLOCK": block, "NUM_BLOCKS": blocks, "STEPS": 5, "BLOCK_U": 1024 // blocks, "SPAN": NROWS,
-                  "GROUP_P2": 32, "WINDOW": 16, "WAIT_FIRST": True, "PDL": True}
+                  "GROUP_P2": 32, "WINDOW": 16, "COUNT": True, "PDL": True}
         yield f"merge_rank {block}x{blocks}", ew._merge_rank_kernel, {}, consts
     for span in (0, NROWS):
         yield f"runs span={span}", ew._runs_kernel, {}, {"BLOCK": 1024, "SPAN": span, "PDL": True}
@@ -70,7 +69,7 @@ def variants():
             ew._partials_kernel,
             types,
             {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT, "FOLD_H": 256, "FOLD_BATCH": 16,
-             "PREFETCH_L2": not feature, "LONE": not feature, "LONE_ITEMS": False, "SCRATCH_POLICY": "" if feature else "evict_last"},
+             "PREFETCH_L2": not feature, "LONE": not feature, "SCRATCH_POLICY": "" if feature else "evict_last"},
         )
         yield (
             f"long_runs feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]}",

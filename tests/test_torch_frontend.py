@@ -93,7 +93,7 @@ STAGE_ROUTES = {
     "merge-small-h-blocks": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, block_h=8)),
     "merge-record-first": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, record_hint=False)),
     # Lone tokens (ids that occur once) below lone_tokens are added before the plan, the others from records.
-    "merge-lone-64": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, lone_tokens=64, lone_programs=3)),
+    "merge-lone-64": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, lone_tokens=64, lone_per_program=3)),
     "merge-no-lone": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, lone_tokens=0)),
     "rank-gpu": (FEATURE, dict(zip(("block_i", "block_j"), ew.RANK_TILES))),
 }

@@ -116,8 +116,8 @@ RECORD_HINT = True
 #: LONE_PROGRAMS_PER_SM programs per SM add those tokens' rows while the merge still runs (with
 #: PDL, before their wait on the plan); the merge publishes no record for them.
 #: (n bound, lone_tokens) pairs: n up to the bound gets that many; above the last bound, none.
-LONE_TOKENS = ((4096, 1024), (8192, 1024), (32768, 1024))
-LONE_PROGRAMS_PER_SM = 8
+LONE_TOKENS = ((32768, 1 << 30),)
+LONE_PER_PROGRAM = 2
 
 #: Sort path: partials programs per SM, the last to start, that take one item each: 0.3-0.9 us
 #: off against none at 8192 uniform ids (12 to 36 measured alike; NOTES v10).
@@ -160,6 +160,7 @@ _REC_FIELDS = tl.constexpr(8)  # five used; eight keep a record in one 32-byte s
 _LONG = tl.constexpr(_REC.value + _REC_FIELDS.value)
 _HEADER = tl.constexpr(64)
 _STATUS0 = tl.constexpr(8)
+_LONE_COUNTED = tl.constexpr(5)  # merge programs that have counted their tokens' ids (the partials kernel's lone programs)
 _STATUS_READY = tl.constexpr(1 << 30)
 _WORKSPACE_ARRAYS = _LONG.value
 
@@ -336,36 +337,21 @@ def _ordered_bases(status_ptr, num_front, num_back, GROUP_P2: tl.constexpr):
 
 
 @triton.jit
-def _zero_kernel(counts_ptr, size, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """counts_ptr[:size] = 0 (int32), BLOCK per program. With PDL it waits for the kernel before it (which may
-    still read the array), then lets the block sort launch: its programs sort, then wait for this."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(counts_ptr + i, tl.zeros([BLOCK], dtype=tl.int32), mask=i < size)
-
-
-@triton.jit
 def _block_sort_kernel(
     ids_ptr,  # int32/int64 [n]: token ids in position order
     ws_ptr,  # int32 workspace out: block-sorted keys at _AUX * n, their positions at _AUX2 * n
     n,  # number of tokens
     num_embeddings,  # V
     padding_idx,  # id that adds nothing, or -1
-    counts_ptr,  # COUNT: int32 [V], zeroed: each id's tokens out
+    counts_ptr,  # COUNT: int32 [V]: zeroed at each token's id
     BLOCK: tl.constexpr,  # tokens per block: merge_block(n)
     BLOCK_I: tl.constexpr,  # tokens of the block ranked per program (program (b, c) ranks chunk c of block b)
     TILE: tl.constexpr,  # tokens compared per step
-    COUNT: tl.constexpr,  # count each id's tokens (the partials kernel's lone tokens)
-    ZEROED: tl.constexpr,  # with PDL: _zero_kernel zeroes the counts: sort first, wait for it, then count and store
+    COUNT: tl.constexpr,  # zero the counts of the tokens' ids (the merge counts them)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sort path, step 1 of the merge-rank sort: sort each block of BLOCK tokens stably by counting."""
-    if PDL and ZEROED:
-        gdc_launch_dependents()
-    else:
-        _pdl_enter(PDL)
+    _pdl_enter(PDL)
     b0 = tl.program_id(0) * BLOCK
     i = b0 + tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     live = i < n
@@ -377,10 +363,8 @@ def _block_sort_kernel(
         earlier = (key_j[None, :] < key_i[:, None]) | ((key_j[None, :] == key_i[:, None]) & (j[None, :] < i[:, None]))
         before += earlier.to(tl.int32)
     rank = b0 + tl.sum(before, axis=1)
-    if PDL and ZEROED:
-        gdc_wait()
-    if COUNT:
-        tl.atomic_add(counts_ptr + key_i, 1, mask=live & (key_i >= 0), sem="relaxed")
+    if COUNT:  # only these entries are read: no [V] memset
+        tl.store(counts_ptr + key_i, tl.zeros([BLOCK_I], dtype=tl.int32), mask=live & (key_i >= 0))
     tl.store(ws_ptr + _AUX * n + rank, key_i, mask=live)
     tl.store(ws_ptr + _AUX2 * n + rank, i, mask=live)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
@@ -394,6 +378,7 @@ def _merge_rank_kernel(
     max_long_runs,  # entries of the long-run list
     group,  # the first programs, whose records go first (_append_records)
     lone_tokens,  # lone tokens at positions below this get no record (_append_records)
+    counts_ptr,  # COUNT: int32 [V]: each id's tokens out, zeroed at those ids by the block sort
     BLOCK: tl.constexpr,  # tokens per block of _block_sort_kernel
     NUM_BLOCKS: tl.constexpr,  # a power of two >= cdiv(n, BLOCK)
     STEPS: tl.constexpr,  # binary-search steps: log2(BLOCK) + 1, or log2(WINDOW) + 1
@@ -401,7 +386,7 @@ def _merge_rank_kernel(
     SPAN: tl.constexpr,  # NROWS
     GROUP_P2: tl.constexpr,  # a power of two >= group
     WINDOW: tl.constexpr,  # 0, or keys per window: the searches start in the window that the samples give
-    WAIT_FIRST: tl.constexpr,  # with PDL: let the partials kernel launch only after the wait, once the block sort has counted
+    COUNT: tl.constexpr,  # count each id's tokens, then _LONE_COUNTED, before anything else (the partials kernel's lone programs)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
@@ -410,14 +395,25 @@ def _merge_rank_kernel(
     its own block its local rank; the run starts after all keys < it and ends after all keys
     <= it (plan.merge_ranks).
     """
-    if PDL and WAIT_FIRST:  # the partials kernel's lone tokens read the block sort's counts before their own wait
-        gdc_wait()
-        gdc_launch_dependents()
+    if COUNT:
+        # Each id's tokens, first: then the header's _LONE_COUNTED (release), which the partials
+        # kernel's lone programs wait for, and only then may that kernel launch (PDL), so they
+        # wait little. The block sort zeroed these counts and the header.
+        if PDL:
+            gdc_wait()
+        u = tl.program_id(0) * BLOCK_U + tl.arange(0, BLOCK_U)
+        live = u < n
+        key = tl.load(ws_ptr + _AUX * n + u, mask=live, other=0)
+        tl.atomic_add(counts_ptr + key, 1, mask=live & (key >= 0), sem="relaxed")
+        tl.debug_barrier()
+        tl.atomic_add(ws_ptr + _LONG * n + _LONE_COUNTED, 1, sem="release", scope="gpu")
+        if PDL:
+            gdc_launch_dependents()
     else:
         _pdl_enter(PDL)
-    u = tl.program_id(0) * BLOCK_U + tl.arange(0, BLOCK_U)
-    live = u < n
-    key = tl.load(ws_ptr + _AUX * n + u, mask=live, other=0)
+        u = tl.program_id(0) * BLOCK_U + tl.arange(0, BLOCK_U)
+        live = u < n
+        key = tl.load(ws_ptr + _AUX * n + u, mask=live, other=0)
     pos = tl.load(ws_ptr + _AUX2 * n + u, mask=live, other=0)
     own = u // BLOCK
     c = tl.arange(0, NUM_BLOCKS)
@@ -569,8 +565,9 @@ def _partials_kernel(
     prefetch_tokens,  # PREFETCH_L2: positions [0, prefetch_tokens) have their rows prefetched
     counts_ptr,  # LONE: int32 [V], each id's tokens (_block_sort_kernel)
     padding_idx,  # LONE: id that adds nothing, or -1
-    lone_tokens,  # LONE: positions [0, lone_tokens) whose id occurs once are added before the wait
-    lone_programs,  # LONE: by the first lone_programs programs
+    lone_tokens,  # LONE: positions [0, lone_tokens) whose id occurs once are added by
+    lone_programs,  # LONE: the first lone_programs programs, which take no record
+    merge_programs,  # LONE: the merge's programs, which count the ids (_LONE_COUNTED)
     grad_dim1,  # 1 for a contiguous grad: Triton then folds the division away
     grad_stride0,
     grad_stride1,
@@ -589,7 +586,6 @@ def _partials_kernel(
     FOLD_BATCH: tl.constexpr,  # sort path: partials a fold loads at once
     PREFETCH_L2: tl.constexpr,  # sort path with PDL: prefetch the first positions' rows before the wait
     LONE: tl.constexpr,  # merge sort: add the lone tokens of positions [0, lone_tokens) first (_lone_tokens)
-    LONE_ITEMS: tl.constexpr,  # ... as (position, H block) items rather than a position per step
     SCRATCH_POLICY: tl.constexpr,  # L2 eviction policy of the long runs' partials' stores: "evict_last" or "" (none)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
@@ -609,9 +605,12 @@ def _partials_kernel(
     if PREFETCH_L2:  # before the wait: the plan is still being made, DRAM is idle (NOTES v10)
         _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidden, prefetch_tokens, grad_dim1,
                              grad_stride0, grad_stride1, main_grad_stride, BLOCK_H)
-    if LONE:  # with PDL while the merge still runs: the block sort's counts are in (WAIT_FIRST)
-        _lone_tokens(ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_embeddings, padding_idx, hidden, lone_tokens, lone_programs,
-                     grad_dim1, grad_stride0, grad_stride1, grad_stride_h, main_grad_stride, MAIN_ROUNDING, BLOCK_H, LONE_ITEMS)
+    if LONE:
+        if tl.program_id(0) < lone_programs:  # with PDL while the merge still runs; no wait on the plan
+            _lone_tokens(ws_ptr, n, ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_embeddings, padding_idx, hidden, lone_tokens,
+                         lone_programs, merge_programs, grad_dim1, grad_stride0, grad_stride1, grad_stride_h, main_grad_stride,
+                         MAIN_ROUNDING, BLOCK_H)
+            return
     if PDL:  # wait first, then let the long-run kernel launch: it reads the plan without waiting
         gdc_wait()
         gdc_launch_dependents()
@@ -630,8 +629,8 @@ def _partials_kernel(
         front = tl.load(ws_ptr + _LONG * n + 1) + group_front
         items = (front + tl.load(ws_ptr + _LONG * n + 2) + group_back) * num_hb
         arrivals = _arrivals(ws_ptr, n, max_long_runs)
-        pid = tl.program_id(0)
-        step = tl.num_programs(0) - fold_programs
+        pid = tl.program_id(0) - lone_programs  # (LONE: the lone programs came first)
+        step = tl.num_programs(0) - lone_programs - fold_programs
         # Programs [fold_lo, fold_lo + fold_programs) fold the long runs. With PDL they come right
         # after the programs that take the long runs' partials (programs start in order), so
         # they hold no slot while those are still to start (NOTES v9); without, last.
@@ -741,33 +740,20 @@ def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidde
 
 
 @triton.jit(noinline=True)
-def _lone_tokens(ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_embeddings, padding_idx, hidden, lone_tokens, lone_programs,
-                 grad_dim1, grad_stride0, grad_stride1, grad_stride_h, main_grad_stride, MAIN_ROUNDING: tl.constexpr,
-                 BLOCK_H: tl.constexpr, ITEMS: tl.constexpr):
-    """Programs [0, lone_programs) add the rows of positions [0, lone_tokens) whose id occurs once, strided.
+def _lone_tokens(ws_ptr, n, ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_embeddings, padding_idx, hidden, lone_tokens,
+                 lone_programs, merge_programs, grad_dim1, grad_stride0, grad_stride1, grad_stride_h, main_grad_stride,
+                 MAIN_ROUNDING: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Lone program pid adds the rows of positions pid, pid + lone_programs, ... below lone_tokens whose id occurs once.
 
     A lone token's run is one partial of one row: main_grad[id] = round(main_grad[id] + (0 + row)),
-    the bits of _partial's copy-add. It needs no plan, only the block sort's counts, read
-    from L2 (.cg); the merge publishes no record for these tokens.
+    the bits of _partial's copy-add. It needs no plan, only the merge's counts: this waits
+    until every merge program has counted (_LONE_COUNTED, acquire). The merge publishes no
+    record for these tokens. (noinline: inlined, the partials kernel took 190 registers, not 135.)
     """
-    pid = tl.program_id(0)
-    if ITEMS:  # items (position, H block), H block fastest
-        num_hb = tl.cdiv(hidden, BLOCK_H)
-        for v in range(pid, tl.where(pid < lone_programs, lone_tokens * num_hb, 0), lone_programs):
-            p = v // num_hb
-            key = _load_keys(ids_ptr, p, True, num_embeddings, padding_idx)
-            count = tl.load(counts_ptr + key, mask=key >= 0, other=0, cache_modifier=".cg")
-            cols = (v % num_hb) * BLOCK_H + tl.arange(0, BLOCK_H)
-            live = cols < tl.where(count == 1, hidden, 0)
-            g = tl.load(grad_ptr + _grad_row(p, grad_dim1, grad_stride0, grad_stride1) + cols * grad_stride_h, mask=live, other=0.0)
-            main_row = main_grad_ptr + key.to(tl.int64) * main_grad_stride
-            old = tl.load(main_row + cols, mask=live, other=0.0).to(tl.float32)
-            acc = tl.zeros([BLOCK_H], dtype=tl.float32) + g.to(tl.float32)  # 0 + row: -0 becomes +0, as in PyTorch
-            tl.store(main_row + cols, _round(old + acc, MAIN_ROUNDING).to(main_grad_ptr.dtype.element_ty), mask=live)
-        return
-    for p in range(pid, tl.where(pid < lone_programs, lone_tokens, 0), lone_programs):
+    _wait_for(ws_ptr + _LONG * n + _LONE_COUNTED, merge_programs)
+    for p in range(tl.program_id(0), lone_tokens, lone_programs):
         key = _load_keys(ids_ptr, p, True, num_embeddings, padding_idx)
-        count = tl.load(counts_ptr + key, mask=key >= 0, other=0, cache_modifier=".cg")
+        count = tl.load(counts_ptr + key, mask=key >= 0, other=0)
         grad_row = grad_ptr + _grad_row(p, grad_dim1, grad_stride0, grad_stride1)
         main_row = main_grad_ptr + key.to(tl.int64) * main_grad_stride
         for col in range(0, tl.where(count == 1, hidden, 0), BLOCK_H):
@@ -1000,9 +986,7 @@ class _Config:
     first_tokens: int  # merge sort: the records of positions [0, this) come first (a multiple of merge_block; 0: none)
     l2_prefetch_tokens: int  # merge sort with PDL: their rows are prefetched into L2 while the plan is made (0: none)
     lone_tokens: int  # merge sort: lone tokens of positions [0, this) are added before the plan (LONE_TOKENS; 0: none)
-    lone_programs: int  # by this many partials programs (LONE_PROGRAMS_PER_SM)
-    lone_items: bool  # as (position, H block) items
-    zero_kernel: bool  # with PDL: counts zeroed by _zero_kernel, overlapped with the block sort (else a memset)
+    lone_per_program: int  # positions per lone program (LONE_PER_PROGRAM)
     block_i: int  # _rank_kernel tiles
     block_j: int
     runs_block: int
@@ -1060,9 +1044,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         first_tokens=first_tokens,
         l2_prefetch_tokens=first_tokens,
         lone_tokens=0 if feature or n > MERGE_SORT_MAX_TOKENS else min(n, next((tokens for bound, tokens in LONE_TOKENS if n <= bound), 0)),
-        lone_programs=LONE_PROGRAMS_PER_SM * sms,
-        lone_items=False,
-        zero_kernel=False,
+        lone_per_program=LONE_PER_PROGRAM,
         block_i=block_i,
         block_j=block_j,
         runs_block=1024,
@@ -1177,6 +1159,7 @@ class _Plan:
     n: int
     max_long_runs: int
     group_cap: int = 0  # merge sort: records of each of the group's lists (_append_records)
+    merge_programs: int = 0  # merge sort: _merge_rank_kernel's programs
     ids: torch.Tensor | None = None  # merge sort with lone tokens: the token ids, and
     counts: torch.Tensor | None = None  # each id's tokens (int32 [V])
     lone_tokens: int = 0  # lone tokens of positions [0, this) have no record (_lone_tokens adds them)
@@ -1219,13 +1202,8 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
     keys_args = (ids, ws, n, problem.num_embeddings, problem.padding_idx)
     if cfg.sort == "merge":
         lone = min(n, cfg.lone_tokens)
-        zero_kernel = lone > 0 and cfg.zero_kernel and cfg.pdl
-        if lone and zero_kernel:
-            counts = torch.empty(problem.num_embeddings, dtype=torch.int32, device=ids.device)
-            launch(_zero_kernel, (triton.cdiv(problem.num_embeddings, 1024),), (counts, problem.num_embeddings), 4, pdl=cfg.pdl, BLOCK=1024)
-        else:
-            counts = torch.zeros(problem.num_embeddings, dtype=torch.int32, device=ids.device) if lone else None
-        plan = _Plan(ws, n, cfg.max_long_runs, group_cap, ids if lone else None, counts, lone)
+        counts = torch.empty(problem.num_embeddings, dtype=torch.int32, device=ids.device) if lone else None  # zeroed where read
+        plan = _Plan(ws, n, cfg.max_long_runs, group_cap, triton.cdiv(n, cfg.merge_u), ids if lone else None, counts, lone)
         block_i = min(cfg.merge_block, cfg.merge_block_i)
         window = cfg.merge_window if 0 < cfg.merge_window < cfg.merge_block else 0
         launch(
@@ -1238,12 +1216,11 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
             BLOCK_I=block_i,
             TILE=cfg.merge_tile,
             COUNT=counts is not None,
-            ZEROED=zero_kernel,
         )
         launch(
             _merge_rank_kernel,
             (triton.cdiv(n, cfg.merge_u),),
-            (ws, n, cfg.max_long_runs, group, lone),
+            (ws, n, cfg.max_long_runs, group, lone, ws if counts is None else counts),
             cfg.merge_warps,
             pdl=cfg.pdl,
             BLOCK=cfg.merge_block,
@@ -1253,7 +1230,7 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
             SPAN=NROWS,
             WINDOW=window,
             GROUP_P2=triton.next_power_of_2(max(group, 1)),
-            WAIT_FIRST=lone > 0,
+            COUNT=counts is not None,
         )
         return plan
     plan = _Plan(ws, n, cfg.max_long_runs, group_cap)
@@ -1299,8 +1276,9 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         grad = grad.contiguous()
         strides = _position_strides(grad)
     ids = plan.ids if ids is None else ids
-    prefetch = cfg.pdl and cfg.sort == "merge" and cfg.l2_prefetch_tokens > 0 and ids is not None and _prefetchable(grad, main_grad, strides)
     lone = plan.lone_tokens > 0
+    prefetch = (cfg.pdl and cfg.sort == "merge" and cfg.l2_prefetch_tokens > 0 and ids is not None and not lone
+                and _prefetchable(grad, main_grad, strides))
     first_rows = (ids, problem.num_embeddings, cfg.l2_prefetch_tokens if prefetch else 0) if prefetch or lone else (plan.workspace, 0, 0)
     partials = torch.empty(partial_buffer_rows(n, cfg.path), hidden, dtype=torch.float32, device=main_grad.device)
     items = n * triton.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
@@ -1309,10 +1287,11 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
     # With PDL the folding programs start right after the long runs' partials (the kernel knows
     # where); without it, last (Triton's interpreter runs programs in order, one at a time).
     fold_lo = 0 if cfg.pdl else programs - folders
-    lone_args = (plan.counts, problem.padding_idx, plan.lone_tokens, min(cfg.lone_programs, programs)) if lone else (plan.workspace, -1, 0, 0)
+    lone_programs = triton.cdiv(plan.lone_tokens, cfg.lone_per_program)  # first in the grid
+    lone_args = (plan.counts, problem.padding_idx, plan.lone_tokens, lone_programs, plan.merge_programs) if lone else (plan.workspace, -1, 0, 0, 0)
     launch(
         _partials_kernel,
-        (programs,),
+        (lone_programs + programs,),
         (plan.workspace, grad, main_grad, partials, n, hidden, cfg.max_long_runs, fold_lo, folders, plan.group_cap,
          min(cfg.tail_programs, programs - folders - 1), *first_rows, *lone_args, *strides, grad.stride(-1), main_grad.stride(0)),
         cfg.partial_warps,
@@ -1331,7 +1310,6 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         FOLD_BATCH=cfg.fold_batch,
         PREFETCH_L2=prefetch,
         LONE=lone,
-        LONE_ITEMS=cfg.lone_items,
         SCRATCH_POLICY="evict_last" if cfg.scratch_evict_last else "",
     )
     return partials
