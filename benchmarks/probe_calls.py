@@ -71,8 +71,11 @@ VARIANTS = {
     # kernel's grid, while the merge runs (default: all positions, LONE_PER_PROGRAM each).
     "lone 0": dict(lone_tokens=0),
     "lone 1": dict(lone_tokens=1),  # the machinery (counts, the partials kernel's later launch) without the work
+    "lone 256": dict(lone_tokens=256),
+    "lone 512": dict(lone_tokens=512),
     "lone 1024": dict(lone_tokens=1024),
     "lone 2048": dict(lone_tokens=2048),
+    "lone 1024 no prefetch": dict(lone_tokens=1024, l2_prefetch_tokens=0),
     "lone per 1": dict(lone_per_program=1),
     "lone per 4": dict(lone_per_program=4),
     "lone per 8": dict(lone_per_program=8),

@@ -116,7 +116,7 @@ RECORD_HINT = True
 #: LONE_PROGRAMS_PER_SM programs per SM add those tokens' rows while the merge still runs (with
 #: PDL, before their wait on the plan); the merge publishes no record for them.
 #: (n bound, lone_tokens) pairs: n up to the bound gets that many; above the last bound, none.
-LONE_TOKENS = ((32768, 1 << 30),)
+LONE_TOKENS = ((4096, 512), (8192, 1024), (32768, 2048))
 LONE_PER_PROGRAM = 2
 
 #: Sort path: partials programs per SM, the last to start, that take one item each: 0.3-0.9 us
@@ -160,7 +160,7 @@ _REC_FIELDS = tl.constexpr(8)  # five used; eight keep a record in one 32-byte s
 _LONG = tl.constexpr(_REC.value + _REC_FIELDS.value)
 _HEADER = tl.constexpr(64)
 _STATUS0 = tl.constexpr(8)
-_LONE_COUNTED = tl.constexpr(5)  # merge programs that have counted their tokens' ids (the partials kernel's lone programs)
+_LONE_COUNTED = tl.constexpr(5)  # counting programs done (_count_ids; the partials kernel's lone programs wait for all)
 _STATUS_READY = tl.constexpr(1 << 30)
 _WORKSPACE_ARRAYS = _LONG.value
 
@@ -372,6 +372,25 @@ def _block_sort_kernel(
 
 
 @triton.jit
+def _count_ids(ws_ptr, n, counts_ptr, c, counters, PDL: tl.constexpr):
+    """Counter c of `counters` (programs after the merge's): count each id's tokens of its part, then
+    count itself in the header's _LONE_COUNTED (release), which the partials kernel's lone programs
+    wait for. Only then may that kernel launch (PDL), so they wait little, and the merge's own
+    programs, which let it launch at once, are not held up. The block sort zeroed these counts
+    (at the tokens' ids: no [V] memset) and the header."""
+    if PDL:
+        gdc_wait()
+    for t0 in range(c * 1024, n, counters * 1024):
+        t = t0 + tl.arange(0, 1024)
+        key = tl.load(ws_ptr + _AUX * n + t, mask=t < n, other=-1)  # block-sorted keys: -1 adds nothing
+        tl.atomic_add(counts_ptr + key, 1, mask=key >= 0, sem="relaxed")
+    tl.debug_barrier()
+    tl.atomic_add(ws_ptr + _LONG * n + _LONE_COUNTED, 1, sem="release", scope="gpu")
+    if PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
 def _merge_rank_kernel(
     ws_ptr,  # int32 workspace: block-sorted keys and positions in; sorted keys, positions, run starts and ends out
     n,  # number of tokens
@@ -379,6 +398,7 @@ def _merge_rank_kernel(
     group,  # the first programs, whose records go first (_append_records)
     lone_tokens,  # lone tokens at positions below this get no record (_append_records)
     counts_ptr,  # COUNT: int32 [V]: each id's tokens out, zeroed at those ids by the block sort
+    merge_programs,  # COUNT: the programs that merge; the programs after them count
     BLOCK: tl.constexpr,  # tokens per block of _block_sort_kernel
     NUM_BLOCKS: tl.constexpr,  # a power of two >= cdiv(n, BLOCK)
     STEPS: tl.constexpr,  # binary-search steps: log2(BLOCK) + 1, or log2(WINDOW) + 1
@@ -386,7 +406,7 @@ def _merge_rank_kernel(
     SPAN: tl.constexpr,  # NROWS
     GROUP_P2: tl.constexpr,  # a power of two >= group
     WINDOW: tl.constexpr,  # 0, or keys per window: the searches start in the window that the samples give
-    COUNT: tl.constexpr,  # count each id's tokens, then _LONE_COUNTED, before anything else (the partials kernel's lone programs)
+    COUNT: tl.constexpr,  # programs past merge_programs count each id's tokens (_count_ids)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
@@ -396,24 +416,13 @@ def _merge_rank_kernel(
     <= it (plan.merge_ranks).
     """
     if COUNT:
-        # Each id's tokens, first: then the header's _LONE_COUNTED (release), which the partials
-        # kernel's lone programs wait for, and only then may that kernel launch (PDL), so they
-        # wait little. The block sort zeroed these counts and the header.
-        if PDL:
-            gdc_wait()
-        u = tl.program_id(0) * BLOCK_U + tl.arange(0, BLOCK_U)
-        live = u < n
-        key = tl.load(ws_ptr + _AUX * n + u, mask=live, other=0)
-        tl.atomic_add(counts_ptr + key, 1, mask=live & (key >= 0), sem="relaxed")
-        tl.debug_barrier()
-        tl.atomic_add(ws_ptr + _LONG * n + _LONE_COUNTED, 1, sem="release", scope="gpu")
-        if PDL:
-            gdc_launch_dependents()
-    else:
-        _pdl_enter(PDL)
-        u = tl.program_id(0) * BLOCK_U + tl.arange(0, BLOCK_U)
-        live = u < n
-        key = tl.load(ws_ptr + _AUX * n + u, mask=live, other=0)
+        if tl.program_id(0) >= merge_programs:
+            _count_ids(ws_ptr, n, counts_ptr, tl.program_id(0) - merge_programs, tl.num_programs(0) - merge_programs, PDL)
+            return
+    _pdl_enter(PDL)
+    u = tl.program_id(0) * BLOCK_U + tl.arange(0, BLOCK_U)
+    live = u < n
+    key = tl.load(ws_ptr + _AUX * n + u, mask=live, other=0)
     pos = tl.load(ws_ptr + _AUX2 * n + u, mask=live, other=0)
     own = u // BLOCK
     c = tl.arange(0, NUM_BLOCKS)
@@ -567,7 +576,7 @@ def _partials_kernel(
     padding_idx,  # LONE: id that adds nothing, or -1
     lone_tokens,  # LONE: positions [0, lone_tokens) whose id occurs once are added by
     lone_programs,  # LONE: the first lone_programs programs, which take no record
-    merge_programs,  # LONE: the merge's programs, which count the ids (_LONE_COUNTED)
+    count_programs,  # LONE: the merge kernel's counting programs (_LONE_COUNTED)
     grad_dim1,  # 1 for a contiguous grad: Triton then folds the division away
     grad_stride0,
     grad_stride1,
@@ -608,7 +617,7 @@ def _partials_kernel(
     if LONE:
         if tl.program_id(0) < lone_programs:  # with PDL while the merge still runs; no wait on the plan
             _lone_tokens(ws_ptr, n, ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_embeddings, padding_idx, hidden, lone_tokens,
-                         lone_programs, merge_programs, grad_dim1, grad_stride0, grad_stride1, grad_stride_h, main_grad_stride,
+                         lone_programs, count_programs, grad_dim1, grad_stride0, grad_stride1, grad_stride_h, main_grad_stride,
                          MAIN_ROUNDING, BLOCK_H)
             return
     if PDL:  # wait first, then let the long-run kernel launch: it reads the plan without waiting
@@ -741,16 +750,16 @@ def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidde
 
 @triton.jit(noinline=True)
 def _lone_tokens(ws_ptr, n, ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_embeddings, padding_idx, hidden, lone_tokens,
-                 lone_programs, merge_programs, grad_dim1, grad_stride0, grad_stride1, grad_stride_h, main_grad_stride,
+                 lone_programs, count_programs, grad_dim1, grad_stride0, grad_stride1, grad_stride_h, main_grad_stride,
                  MAIN_ROUNDING: tl.constexpr, BLOCK_H: tl.constexpr):
     """Lone program pid adds the rows of positions pid, pid + lone_programs, ... below lone_tokens whose id occurs once.
 
     A lone token's run is one partial of one row: main_grad[id] = round(main_grad[id] + (0 + row)),
-    the bits of _partial's copy-add. It needs no plan, only the merge's counts: this waits
-    until every merge program has counted (_LONE_COUNTED, acquire). The merge publishes no
+    the bits of _partial's copy-add. It needs no plan, only the counts: this waits until every
+    counting program has counted (_count_ids, _LONE_COUNTED, acquire). The merge publishes no
     record for these tokens. (noinline: inlined, the partials kernel took 190 registers, not 135.)
     """
-    _wait_for(ws_ptr + _LONG * n + _LONE_COUNTED, merge_programs)
+    _wait_for(ws_ptr + _LONG * n + _LONE_COUNTED, count_programs)
     for p in range(tl.program_id(0), lone_tokens, lone_programs):
         key = _load_keys(ids_ptr, p, True, num_embeddings, padding_idx)
         count = tl.load(counts_ptr + key, mask=key >= 0, other=0)
@@ -1159,7 +1168,7 @@ class _Plan:
     n: int
     max_long_runs: int
     group_cap: int = 0  # merge sort: records of each of the group's lists (_append_records)
-    merge_programs: int = 0  # merge sort: _merge_rank_kernel's programs
+    count_programs: int = 0  # merge sort with lone tokens: _merge_rank_kernel's counting programs
     ids: torch.Tensor | None = None  # merge sort with lone tokens: the token ids, and
     counts: torch.Tensor | None = None  # each id's tokens (int32 [V])
     lone_tokens: int = 0  # lone tokens of positions [0, this) have no record (_lone_tokens adds them)
@@ -1203,7 +1212,8 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
     if cfg.sort == "merge":
         lone = min(n, cfg.lone_tokens)
         counts = torch.empty(problem.num_embeddings, dtype=torch.int32, device=ids.device) if lone else None  # zeroed where read
-        plan = _Plan(ws, n, cfg.max_long_runs, group_cap, triton.cdiv(n, cfg.merge_u), ids if lone else None, counts, lone)
+        merge_programs, count_programs = triton.cdiv(n, cfg.merge_u), triton.cdiv(n, 1024) if lone else 0
+        plan = _Plan(ws, n, cfg.max_long_runs, group_cap, count_programs, ids if lone else None, counts, lone)
         block_i = min(cfg.merge_block, cfg.merge_block_i)
         window = cfg.merge_window if 0 < cfg.merge_window < cfg.merge_block else 0
         launch(
@@ -1219,8 +1229,8 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
         )
         launch(
             _merge_rank_kernel,
-            (triton.cdiv(n, cfg.merge_u),),
-            (ws, n, cfg.max_long_runs, group, lone, ws if counts is None else counts),
+            (merge_programs + count_programs,),
+            (ws, n, cfg.max_long_runs, group, lone, ws if counts is None else counts, merge_programs),
             cfg.merge_warps,
             pdl=cfg.pdl,
             BLOCK=cfg.merge_block,
@@ -1277,8 +1287,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         strides = _position_strides(grad)
     ids = plan.ids if ids is None else ids
     lone = plan.lone_tokens > 0
-    prefetch = (cfg.pdl and cfg.sort == "merge" and cfg.l2_prefetch_tokens > 0 and ids is not None and not lone
-                and _prefetchable(grad, main_grad, strides))
+    prefetch = cfg.pdl and cfg.sort == "merge" and cfg.l2_prefetch_tokens > 0 and ids is not None and _prefetchable(grad, main_grad, strides)
     first_rows = (ids, problem.num_embeddings, cfg.l2_prefetch_tokens if prefetch else 0) if prefetch or lone else (plan.workspace, 0, 0)
     partials = torch.empty(partial_buffer_rows(n, cfg.path), hidden, dtype=torch.float32, device=main_grad.device)
     items = n * triton.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
@@ -1288,7 +1297,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
     # where); without it, last (Triton's interpreter runs programs in order, one at a time).
     fold_lo = 0 if cfg.pdl else programs - folders
     lone_programs = triton.cdiv(plan.lone_tokens, cfg.lone_per_program)  # first in the grid
-    lone_args = (plan.counts, problem.padding_idx, plan.lone_tokens, lone_programs, plan.merge_programs) if lone else (plan.workspace, -1, 0, 0, 0)
+    lone_args = (plan.counts, problem.padding_idx, plan.lone_tokens, lone_programs, plan.count_programs) if lone else (plan.workspace, -1, 0, 0, 0)
     launch(
         _partials_kernel,
         (lone_programs + programs,),
