@@ -110,13 +110,18 @@ SCRATCH_EVICT_LAST = True
 #: rows and loads it after them, rather than loading it before them (NOTES v12).
 RECORD_HINT = True
 
-#: Merge sort: the tokens at positions [0, lone_tokens) whose id occurs once in the call (most
-#: tokens, for ids spread over a large vocabulary) need no plan: the block sort counts every id
-#: (one integer atomic per token into a zeroed [V] array), and the partials kernel's first
-#: LONE_PROGRAMS_PER_SM programs per SM add those tokens' rows while the merge still runs (with
-#: PDL, before their wait on the plan); the merge publishes no record for them.
-#: (n bound, lone_tokens) pairs: n up to the bound gets that many; above the last bound, none.
-LONE_TOKENS = ((4096, 512), (8192, 1024), (32768, 2048))
+#: Merge sort: a token whose id occurs once in the call (most tokens, for ids spread over a large
+#: vocabulary) needs no plan. The merge kernel's last programs count every id (integer atomics
+#: into an int32 [V] array that the block sort zeroed at the tokens' ids: no memset), and the
+#: partials kernel's first programs, LONE_PER_PROGRAM positions each, add the lone tokens of
+#: positions [0, lone_tokens) while the merge still runs (PDL); the merge publishes no record
+#: for them. (n bound, lone_tokens): n up to the bound gets that many, above the last none.
+#: H200, graph replay (NOTES v13), none / 2048: 8192 uniform 157.4 / 155.7 us, 16384 uniform
+#: 305.2 / 302.5, 32768 uniform 581.2 / 576.4, 8192 Zipf 92.7 / 92.2; but at 4096 tokens any
+#: amount was slower (uniform 85.7 against 86.7-89.2, Zipf 55.3 against 56.6-58.7): there the
+#: merge is short and the counting delays the partials kernel's launch. Under the interpreter
+#: half the positions, so that CPU tests cover both ways a lone token is added.
+LONE_TOKENS = ((4096, 0), (MERGE_SORT_MAX_TOKENS, 2048))
 LONE_PER_PROGRAM = 2
 
 #: Sort path: partials programs per SM, the last to start, that take one item each: 0.3-0.9 us
@@ -1052,7 +1057,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         merge_window=MERGE_WINDOW if n <= MERGE_WINDOW_MAX_TOKENS else 0,
         first_tokens=first_tokens,
         l2_prefetch_tokens=first_tokens,
-        lone_tokens=0 if feature or n > MERGE_SORT_MAX_TOKENS else min(n, next((tokens for bound, tokens in LONE_TOKENS if n <= bound), 0)),
+        lone_tokens=0 if feature or n > MERGE_SORT_MAX_TOKENS else n // 2 if interpret else min(n, next((t for bound, t in LONE_TOKENS if n <= bound), 0)),
         lone_per_program=LONE_PER_PROGRAM,
         block_i=block_i,
         block_j=block_j,
