@@ -51,15 +51,6 @@ VARIANTS = {
     "fold 2/SM": (("fold_programs", 2 * ew._gpu_sms()),),
     "block_h 2048": (("block_h", 2048),),
     "block_h 2048 4 warps": (("block_h", 2048), ("partial_warps", 4)),
-    # v13: lone tokens added by the merge kernel's last programs (default: LONE_TOKENS).
-    "lone 0": (("lone_tokens", 0),),
-    "lone 256": (("lone_tokens", 256),),
-    "lone 512": (("lone_tokens", 512),),
-    "lone 1024": (("lone_tokens", 1024),),
-    "lone 2048": (("lone_tokens", 2048),),
-    "lone per 1": (("lone_per_program", 1),),
-    "lone per 4": (("lone_per_program", 4),),
-    "default again": (),
 }
 
 

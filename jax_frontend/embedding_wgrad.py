@@ -155,30 +155,18 @@ REC_FIELDS = 8
 #: The plan's counters (int32 [COUNTS]): long runs listed, then (sort path) the records of long
 #: runs' partials, counting up from record 0, and the other records, counting down from n - 1.
 COUNTS = 4
-_LISTED, _FRONT, _BACK, _COUNTED = 0, 1, 2, 3  # _COUNTED: the merge kernel's counting programs done (lone tokens)
-
-#: Merge sort: a token whose id occurs once (most tokens, for ids spread over a large vocabulary)
-#: needs no plan (as the torch twin's LONE_TOKENS). The block sort zeroes an int32 [V] array at
-#: the tokens' ids (no memset); the merge kernel's grid gets programs after the merge's: a few
-#: count every id (integer atomics), then LONE_PER_PROGRAM positions per program add the lone
-#: tokens of positions [0, lone_tokens) while the merge runs, and the merge publishes no record
-#: for them. (n bound, lone_tokens): n up to the bound gets that many, above the last none. In
-#: interpret mode half the positions, so that CPU tests cover both ways a lone token is added.
-LONE_TOKENS = ((4096, 0), (MERGE_SORT_MAX_TOKENS, 512))
-LONE_PER_PROGRAM = 2
+_LISTED, _FRONT, _BACK = 0, 1, 2
 
 
-def _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, *, n: int,
-                    lone_tokens: int = 0):
+def _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, *, n: int):
     """Sort path: publish a record for each of these slots that starts a partial, and list the long runs (as the torch twin).
 
     Partials of long runs (more than NROWS slots) go to the front of the record list, the
     others to its back, so that the partials kernel takes the long runs' partials first. A long
     run's first slot lists the run (run start, partials) and zeroes its arrival counter. An
-    atomic only where it adds something: the counters are hot addresses. No record for a token of
-    a run of one at a position below lone_tokens: the merge kernel's lone programs add those.
+    atomic only where it adds something: the counters are hot addresses.
     """
-    starts = live & (key >= 0) & ((slot - run_start) % NROWS == 0) & ((run_end - run_start != 1) | (pos >= lone_tokens))
+    starts = live & (key >= 0) & ((slot - run_start) % NROWS == 0)
     long = run_end - run_start > NROWS
     lane = lax.iota(jnp.int32, slot.shape[0])
 
@@ -208,7 +196,6 @@ def _block_sort_kernel(
     block_keys_ref,  # int32 [n]: every block's keys in sorted order, at the block's offset
     block_pos_ref,  # int32 [n]: their positions
     counts_ref,  # int32 [COUNTS]: the plan's counters, zeroed here
-    lone_counts_ref=None,  # lone tokens: int32 [V], zeroed here at the tokens' ids (the merge kernel counts them)
     *,
     n: int,
     num_embeddings: int,  # V
@@ -240,87 +227,6 @@ def _block_sort_kernel(
     slot = jnp.where(live, b0 + jnp.sum(before, axis=1, dtype=jnp.int32), i)
     plgpu.store(block_keys_ref.at[slot], key_i, mask=live)
     plgpu.store(block_pos_ref.at[slot], i, mask=live)
-    if lone_counts_ref is not None:
-        counted = live & (key_i >= 0)
-        # (lanes that zero nothing scatter past the end, see _rank_kernel)
-        plgpu.store(lone_counts_ref.at[jnp.where(counted, key_i, num_embeddings + lax.iota(jnp.int32, block_i))], jnp.zeros_like(key_i), mask=counted)
-
-
-def _count_ids(block_keys_ref, counts_ref, lone_counts_ref, c, *, n: int, count_programs: int, interpret: bool):
-    """Counting program c of count_programs: each id's tokens among its part of the block-sorted
-    keys, then itself in counts[_COUNTED] (after a CTA barrier; Pallas atomics are
-    acquire-release), which the lone programs wait for."""
-
-    def count(t, carry):
-        u = (c + t * count_programs) * 1024 + lax.iota(jnp.int32, 1024)
-        key = plgpu.load(block_keys_ref.at[jnp.where(u < n, u, 0)], mask=u < n, other=-1)
-        # (A masked atomic has no interpret-mode rule: lanes that count nothing add 0 to entry 0.)
-        plgpu.atomic_add(lone_counts_ref, jnp.where(key >= 0, key, 0), (key >= 0).astype(jnp.int32))
-        return carry
-
-    def count_one(u, carry):
-        key = block_keys_ref[u]
-        plgpu.atomic_add(lone_counts_ref, jnp.where(key >= 0, key, 0), (key >= 0).astype(jnp.int32))
-        return carry
-
-    if interpret:  # one counting program (_config), one token at a time: the interpret-mode rule of a vector atomic drops repeated indices
-        lax.fori_loop(jnp.int32(0), jnp.int32(n), count_one, None)
-    else:
-        lax.fori_loop(0, (pl.cdiv(n, 1024) - c + count_programs - 1) // count_programs, count, None)
-    if not interpret:
-        plgpu.debug_barrier()
-    plgpu.atomic_add(counts_ref, jnp.int32(_COUNTED), jnp.int32(1))
-
-
-def _lone_tokens(ids_ref, grad_ref, main_grad_ref, counts_ref, lone_counts_ref, w, *, n: int, hidden: int, num_embeddings: int,
-                 padding_idx: int, main_grad_dtype: str, block_h: int, lone_tokens: int, lone_programs: int, count_programs: int,
-                 interpret: bool):
-    """Lone program w adds the rows of positions w, w + lone_programs, ... below lone_tokens whose id occurs once.
-
-    A lone token's run is one partial of one row: main_grad[id] = round(main_grad[id] + (0 + row)),
-    the bits of the partials kernel's copy-add. It waits until every counting program has
-    counted (counts[_COUNTED], read by an atomic add of 0; interpret mode runs the programs in
-    order, so they have)."""
-    if not interpret:
-        counted = lambda _: plgpu.atomic_add(counts_ref, jnp.int32(_COUNTED), jnp.int32(0))  # noqa: E731
-        lax.while_loop(lambda c: c < count_programs, counted, counted(None))
-    num_hb = pl.cdiv(hidden, block_h)
-
-    def position(t, carry):
-        p = w + t * lone_programs
-        key = _keys(ids_ref[p], num_embeddings, padding_idx)
-        count = plgpu.load(lone_counts_ref.at[jnp.where(key >= 0, key, 0)], mask=key >= 0, other=0)
-
-        @pl.when(count == 1)
-        def _():
-            def block(hb, carry):
-                row_block = pl.ds(hb * block_h, block_h)
-                live_h = hb * block_h + lax.iota(jnp.int32, block_h) < hidden
-                g = plgpu.load(grad_ref.at[p, row_block], mask=live_h, other=0)
-                old = plgpu.load(main_grad_ref.at[key, row_block], mask=live_h, other=0).astype(jnp.float32)
-                acc = jnp.zeros((block_h,), jnp.float32) + g.astype(jnp.float32)  # 0 + row: -0 becomes +0, as in PyTorch
-                plgpu.store(main_grad_ref.at[key, row_block], _round(old + acc, main_grad_dtype).astype(main_grad_ref.dtype), mask=live_h)
-                return carry
-
-            lax.fori_loop(jnp.int32(0), jnp.int32(num_hb), block, None)  # int32 under x64 too
-
-        return carry
-
-    lax.fori_loop(0, (lone_tokens - w + lone_programs - 1) // lone_programs, position, None)
-
-
-class _Lone(NamedTuple):
-    """The merge kernel's lone-token programs (LONE_TOKENS): static, as the kernel's other sizes."""
-
-    merge_programs: int  # programs [0, merge_programs) merge; then count_programs count; then lone_programs
-    count_programs: int
-    lone_programs: int
-    lone_tokens: int  # positions [0, lone_tokens)
-    hidden: int
-    num_embeddings: int
-    padding_idx: int
-    main_grad_dtype: str
-    block_h: int
 
 
 def _merge_rank_kernel(
@@ -328,27 +234,22 @@ def _merge_rank_kernel(
     block_keys_ref,  # int32 [n]: every block's keys in sorted order (_block_sort_kernel)
     block_pos_ref,  # int32 [n]: their positions
     counts_in_ref,  # int32 [COUNTS]: aliased to counts_ref, never read
-    # With lone tokens (lone given), more inputs: ids [n], grad [n, H], main_grad [V, H] and the
-    # block sort's int32 [V] counts (these two aliased to the last outputs, never read).
     # Outputs
-    *refs,
-    # sorted_keys_ref,  int32 [n]: keys in sorted order
-    # sorted_pos_ref,  int32 [n]: positions in sorted order
-    # run_start_ref,  int32 [n]: first slot of each slot's run
-    # run_end_ref,  int32 [n]: one past the last slot of each slot's run
-    # counts_ref,  int32 [COUNTS]: the plan's counters (zeroed by _block_sort_kernel)
-    # records_ref,  int32 [n * REC_FIELDS]: a record per partial (_append_records)
-    # long_runs_ref,  int32 [max_long_runs, 2]: (run start, number of partials) of each long run
-    # arrivals_ref,  int32 [n]: arrival counters, zeroed where a long run starts
-    # and with lone tokens main_grad_ref [V, H], lone_counts_ref int32 [V]: each id's tokens
+    sorted_keys_ref,  # int32 [n]: keys in sorted order
+    sorted_pos_ref,  # int32 [n]: positions in sorted order
+    run_start_ref,  # int32 [n]: first slot of each slot's run
+    run_end_ref,  # int32 [n]: one past the last slot of each slot's run
+    counts_ref,  # int32 [COUNTS]: the plan's counters (zeroed by _block_sort_kernel)
+    records_ref,  # int32 [n * REC_FIELDS]: a record per partial (_append_records)
+    long_runs_ref,  # int32 [max_long_runs, 2]: (run start, number of partials) of each long run
+    arrivals_ref,  # int32 [n]: arrival counters, zeroed where a long run starts
+    *,
     n: int,
     block: int,  # tokens per block of _block_sort_kernel
     num_blocks: int,  # a power of two >= cdiv(n, block)
     steps: int,  # binary-search steps: block.bit_length()
     block_u: int,  # block-sorted tokens per program
     unroll: bool,  # the steps unrolled (as the torch twin), else a loop
-    interpret: bool = False,
-    lone: _Lone | None = None,  # the programs past the merge's count ids and add lone tokens (_count_ids, _lone_tokens)
 ):
     """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
 
@@ -357,42 +258,7 @@ def _merge_rank_kernel(
     <= it (plan.merge_ranks).
     """
     del counts_in_ref
-    if lone is None:
-        sorted_keys_ref, sorted_pos_ref, run_start_ref, run_end_ref, counts_ref, records_ref, long_runs_ref, arrivals_ref = refs
-        _merge_ranks(block_keys_ref, block_pos_ref, sorted_keys_ref, sorted_pos_ref, run_start_ref, run_end_ref, counts_ref, records_ref,
-                     long_runs_ref, arrivals_ref, pl.program_id(0), n=n, block=block, num_blocks=num_blocks, steps=steps, block_u=block_u,
-                     unroll=unroll, lone_tokens=0)
-        return
-    (ids_ref, grad_ref, main_grad_in_ref, lone_counts_in_ref, sorted_keys_ref, sorted_pos_ref, run_start_ref, run_end_ref, counts_ref,
-     records_ref, long_runs_ref, arrivals_ref, main_grad_ref, lone_counts_ref) = refs
-    del main_grad_in_ref, lone_counts_in_ref
-    p = pl.program_id(0)  # read here: interpret mode has no program ids inside pl.when
-    counter = p - lone.merge_programs
-    worker = counter - lone.count_programs
-
-    @pl.when(p < lone.merge_programs)
-    def _():
-        _merge_ranks(block_keys_ref, block_pos_ref, sorted_keys_ref, sorted_pos_ref, run_start_ref, run_end_ref, counts_ref, records_ref,
-                     long_runs_ref, arrivals_ref, p, n=n, block=block, num_blocks=num_blocks, steps=steps, block_u=block_u,
-                     unroll=unroll, lone_tokens=lone.lone_tokens)
-
-    @pl.when((counter >= 0) & (worker < 0))
-    def _():
-        _count_ids(block_keys_ref, counts_ref, lone_counts_ref, counter, n=n, count_programs=lone.count_programs, interpret=interpret)
-
-    @pl.when(worker >= 0)
-    def _():
-        _lone_tokens(ids_ref, grad_ref, main_grad_ref, counts_ref, lone_counts_ref, worker, n=n, hidden=lone.hidden,
-                     num_embeddings=lone.num_embeddings, padding_idx=lone.padding_idx, main_grad_dtype=lone.main_grad_dtype,
-                     block_h=lone.block_h, lone_tokens=lone.lone_tokens, lone_programs=lone.lone_programs,
-                     count_programs=lone.count_programs, interpret=interpret)
-
-
-def _merge_ranks(block_keys_ref, block_pos_ref, sorted_keys_ref, sorted_pos_ref, run_start_ref, run_end_ref, counts_ref, records_ref,
-                 long_runs_ref, arrivals_ref, program, *, n: int, block: int, num_blocks: int, steps: int, block_u: int, unroll: bool,
-                 lone_tokens: int):
-    """The merge's programs: _merge_rank_kernel's work for program `program`."""
-    u0 = program * block_u
+    u0 = pl.program_id(0) * block_u
     u = u0 + lax.iota(jnp.int32, block_u)
     live = u < n
     key = plgpu.load(block_keys_ref.at[pl.ds(u0, block_u)], mask=live, other=0)
@@ -437,8 +303,7 @@ def _merge_ranks(block_keys_ref, block_pos_ref, sorted_keys_ref, sorted_pos_ref,
     plgpu.store(sorted_pos_ref.at[slot], pos, mask=live)
     plgpu.store(run_start_ref.at[slot], run_start, mask=live)
     plgpu.store(run_end_ref.at[slot], run_end, mask=live)
-    _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, n=n,
-                    lone_tokens=lone_tokens)
+    _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, n=n)
 
 
 def _rank_kernel(
@@ -881,8 +746,6 @@ class _Config:
     long_batch: int  # partials _long_runs_kernel loads at once
     long_warps: int  # _long_runs_kernel's num_warps
     max_long_runs: int  # rows of the long-run list
-    lone_tokens: int  # merge sort: lone tokens of positions [0, this) added by the merge kernel's last programs (LONE_TOKENS)
-    lone_per_program: int  # positions per lone program (LONE_PER_PROGRAM)
     num_warps: int  # every kernel's but _partials_kernel's
     num_stages: int
 
@@ -957,8 +820,6 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         long_batch=1 if interpret else 32,
         long_warps=1,
         max_long_runs=max_long_runs,
-        lone_tokens=0 if sort != MERGE else n // 2 if interpret else min(n, next((t for bound, t in LONE_TOKENS if n <= bound), 0)),
-        lone_per_program=LONE_PER_PROGRAM,
         num_warps=4,
         num_stages=2,
     )
@@ -1018,17 +879,14 @@ def _plan_shapes(n: int, cfg: _Config):
     ]
 
 
-def _merge_sort(ids, grad, main_grad, problem: Problem, cfg: _Config):
-    """Stages 1 and 2 by the merge-rank sort: (sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals,
-    main_grad), main_grad aliased (the lone tokens, LONE_TOKENS, are added here)."""
+def _merge_sort(ids, problem: Problem, cfg: _Config):
+    """Stages 1 and 2 by the merge-rank sort: (sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals)."""
     n = problem.num_tokens
     slots = jax.ShapeDtypeStruct((n,), jnp.int32)
-    lone = min(n, cfg.lone_tokens)
-    vocab = jax.ShapeDtypeStruct((problem.num_embeddings,), jnp.int32)
-    block_keys, block_pos, counts, *lone_counts = _call(
+    block_keys, block_pos, counts = _call(
         _block_sort_kernel,
         cfg,
-        out_shape=[slots, slots, jax.ShapeDtypeStruct((COUNTS,), jnp.int32)] + [vocab] * (lone > 0),
+        out_shape=[slots, slots, jax.ShapeDtypeStruct((COUNTS,), jnp.int32)],
         grid=(pl.cdiv(n, cfg.merge_block), cfg.merge_block // min(cfg.merge_block_i, cfg.merge_block)),
         name="embwgrad_block_sort",
         n=n,
@@ -1038,8 +896,12 @@ def _merge_sort(ids, grad, main_grad, problem: Problem, cfg: _Config):
         block_i=min(cfg.merge_block_i, cfg.merge_block),
         tile=cfg.merge_tile,
     )(ids)
-    merge_programs = pl.cdiv(n, cfg.merge_u)
-    plan = dict(
+    return _call(
+        _merge_rank_kernel,
+        cfg,
+        out_shape=[slots, slots, slots, slots, *_plan_shapes(n, cfg)],
+        grid=(pl.cdiv(n, cfg.merge_u),),
+        input_output_aliases={2: 4},
         name="embwgrad_merge_rank",
         n=n,
         block=cfg.merge_block,
@@ -1047,32 +909,7 @@ def _merge_sort(ids, grad, main_grad, problem: Problem, cfg: _Config):
         steps=cfg.merge_block.bit_length(),
         block_u=cfg.merge_u,
         unroll=cfg.unroll,
-        interpret=cfg.interpret,
-    )
-    if not lone:
-        outs = _call(_merge_rank_kernel, cfg, out_shape=[slots, slots, slots, slots, *_plan_shapes(n, cfg)], grid=(merge_programs,),
-                     input_output_aliases={2: 4}, **plan)(block_keys, block_pos, counts)
-        return (*outs, main_grad)
-    spec = _Lone(
-        merge_programs=merge_programs,
-        count_programs=1 if cfg.interpret else pl.cdiv(n, 1024),
-        lone_programs=pl.cdiv(lone, cfg.lone_per_program),
-        lone_tokens=lone,
-        hidden=problem.hidden,
-        num_embeddings=problem.num_embeddings,
-        padding_idx=problem.padding_idx,
-        main_grad_dtype=problem.main_grad_dtype,
-        block_h=cfg.block_h,
-    )
-    return _call(
-        _merge_rank_kernel,
-        cfg,
-        out_shape=[slots, slots, slots, slots, *_plan_shapes(n, cfg), jax.ShapeDtypeStruct(main_grad.shape, main_grad.dtype), vocab],
-        grid=(spec.merge_programs + spec.count_programs + spec.lone_programs,),
-        input_output_aliases={2: 4, 5: 8, 6: 9},
-        lone=spec,
-        **plan,
-    )(block_keys, block_pos, counts, ids, grad, main_grad, *lone_counts)[:9]
+    )(block_keys, block_pos, counts)
 
 
 def _sort(ids, problem: Problem, cfg: _Config):
@@ -1201,7 +1038,7 @@ def _long_runs(long_runs, counts, sorted_keys, partials, main_grad, problem: Pro
 def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config) -> _Stages:
     """All stages on ids [n] (flattened) and grad [n, H] into main_grad [V, H] (aliased)."""
     if cfg.sort == MERGE:
-        sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals, main_grad = _merge_sort(ids, grad, main_grad, problem, cfg)
+        sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals = _merge_sort(ids, problem, cfg)
         partial_ord = None
     else:
         sorted_keys, sorted_pos, partial_ord = _sort(ids, problem, cfg)
