@@ -18,6 +18,10 @@ synchronisation:
    counter zeroed (_append_records). Merge sort: the records of the first FIRST_TOKENS
    positions come first in each list, in order (a group of merge programs places them by a
    single-pass scan, _ordered_bases).
+   Merge sort above 4096 tokens (LONE_TOKENS): a token whose id occurs once needs no plan. The
+   block sort zeroes an int32 [V] array at its tokens' ids, counting programs after the merge's
+   count every id (_count_ids), the merge publishes no record for the lone tokens of the first
+   positions, and the partials kernel's first programs add those (_lone_tokens).
 3. ``_partials_kernel`` sums each partial's rows in fp32, in order, over one H block per
    item. Sort path: a fixed grid strides the records, long runs' partials first, so no
    program is spent on a slot that starts none, and its last programs take one item each; each
@@ -762,7 +766,10 @@ def _lone_tokens(ws_ptr, n, ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_em
     A lone token's run is one partial of one row: main_grad[id] = round(main_grad[id] + (0 + row)),
     the bits of _partial's copy-add. It needs no plan, only the counts: this waits until every
     counting program has counted (_count_ids, _LONE_COUNTED, acquire). The merge publishes no
-    record for these tokens. (noinline: inlined, the partials kernel took 190 registers, not 135.)
+    record for these tokens. These programs write main_grad without waiting on the plan, which
+    is safe: with PDL the partials kernel launches only after the counting programs' own wait,
+    so the block sort, and before it every earlier kernel, has finished; no other program
+    writes these rows. (noinline: inlined, the partials kernel took 190 registers, not 135.)
     """
     _wait_for(ws_ptr + _LONG * n + _LONE_COUNTED, count_programs)
     for p in range(tl.program_id(0), lone_tokens, lone_programs):
