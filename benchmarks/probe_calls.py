@@ -68,7 +68,7 @@ VARIANTS = {
     "pp 48 tail 12": dict(partial_programs=48 * SMS, tail_programs=12 * SMS),
     "tail 6": dict(tail_programs=6 * SMS),
     # v13: lone tokens (ids that occur once) added by programs of their own, first in the partials
-    # kernel's grid, while the merge runs (default: all positions, LONE_PER_PROGRAM each).
+    # kernel's grid, while the merge runs (default: LONE_TOKENS, LONE_PER_PROGRAM positions each).
     "lone 0": dict(lone_tokens=0),
     "lone 1": dict(lone_tokens=1),  # the machinery (counts, the partials kernel's later launch) without the work
     "lone 256": dict(lone_tokens=256),
