@@ -220,7 +220,8 @@ def _pdl_enter(PDL: tl.constexpr):
     on the device, then wait for the previous kernel to finish and its writes to show.
 
     A kernel launched with launch_pdl may start while the one before it drains; every kernel
-    here calls this before it touches memory, so the overlap is the launch and the ramp, never data.
+    here calls this before it touches memory, so the overlap is the launch and the ramp, never data
+    (but the partials kernel's lone programs: _lone_tokens says why they need not wait).
     """
     if PDL:
         gdc_launch_dependents()
