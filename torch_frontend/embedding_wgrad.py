@@ -170,6 +170,7 @@ _LONG = tl.constexpr(_REC.value + _REC_FIELDS.value)
 _HEADER = tl.constexpr(64)
 _STATUS0 = tl.constexpr(8)
 _LONE_COUNTED = tl.constexpr(5)  # counting programs done (_count_ids; the partials kernel's lone programs wait for all)
+_COUNT_BLOCK = tl.constexpr(1024)  # tokens a counting program counts per step; one counting program per this many tokens
 _STATUS_READY = tl.constexpr(1 << 30)
 _WORKSPACE_ARRAYS = _LONG.value
 
@@ -390,8 +391,8 @@ def _count_ids(ws_ptr, n, counts_ptr, c, counters, PDL: tl.constexpr):
     (at the tokens' ids: no [V] memset) and the header."""
     if PDL:
         gdc_wait()
-    for t0 in range(c * 1024, n, counters * 1024):
-        t = t0 + tl.arange(0, 1024)
+    for t0 in range(c * _COUNT_BLOCK, n, counters * _COUNT_BLOCK):
+        t = t0 + tl.arange(0, _COUNT_BLOCK)
         key = tl.load(ws_ptr + _AUX * n + t, mask=t < n, other=-1)  # block-sorted keys: -1 adds nothing
         tl.atomic_add(counts_ptr + key, 1, mask=key >= 0, sem="relaxed")
     tl.debug_barrier()
@@ -781,10 +782,8 @@ def _lone_tokens(ws_ptr, n, ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_em
         for col in range(0, tl.where(count == 1, hidden, 0), BLOCK_H):
             cols = col + tl.arange(0, BLOCK_H)
             g = tl.load(grad_row + cols * grad_stride_h, mask=cols < hidden, other=0.0)
-            old = tl.load(main_row + cols, mask=cols < hidden, other=0.0).to(tl.float32)
             acc = tl.zeros([BLOCK_H], dtype=tl.float32) + g.to(tl.float32)  # 0 + row: -0 becomes +0, as in PyTorch
-            new = _round(old + acc, MAIN_ROUNDING)
-            tl.store(main_row + cols, new.to(main_grad_ptr.dtype.element_ty), mask=cols < hidden)
+            _add_to_row(main_row, cols, cols < hidden, acc, MAIN_ROUNDING)
 
 
 @triton.jit
@@ -1181,10 +1180,14 @@ class _Plan:
     n: int
     max_long_runs: int
     group_cap: int = 0  # merge sort: records of each of the group's lists (_append_records)
-    count_programs: int = 0  # merge sort with lone tokens: _merge_rank_kernel's counting programs
     ids: torch.Tensor | None = None  # merge sort with lone tokens: the token ids, and
     counts: torch.Tensor | None = None  # each id's tokens (int32 [V])
     lone_tokens: int = 0  # lone tokens of positions [0, this) have no record (_lone_tokens adds them)
+
+    @property
+    def count_programs(self) -> int:
+        """Merge sort with lone tokens: _merge_rank_kernel's counting programs (_count_ids), after its merging ones."""
+        return triton.cdiv(self.n, _COUNT_BLOCK.value) if self.lone_tokens else 0
 
     def _array(self, index: int) -> torch.Tensor:
         return self.workspace[index * self.n : (index + 1) * self.n]
@@ -1225,8 +1228,8 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
     if cfg.sort == "merge":
         lone = min(n, cfg.lone_tokens)
         counts = torch.empty(problem.num_embeddings, dtype=torch.int32, device=ids.device) if lone else None  # zeroed where read
-        merge_programs, count_programs = triton.cdiv(n, cfg.merge_u), triton.cdiv(n, 1024) if lone else 0
-        plan = _Plan(ws, n, cfg.max_long_runs, group_cap, count_programs, ids if lone else None, counts, lone)
+        plan = _Plan(ws, n, cfg.max_long_runs, group_cap, ids if lone else None, counts, lone)
+        merge_programs = triton.cdiv(n, cfg.merge_u)
         block_i = min(cfg.merge_block, cfg.merge_block_i)
         window = cfg.merge_window if 0 < cfg.merge_window < cfg.merge_block else 0
         launch(
@@ -1242,7 +1245,7 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
         )
         launch(
             _merge_rank_kernel,
-            (merge_programs + count_programs,),
+            (merge_programs + plan.count_programs,),
             (ws, n, cfg.max_long_runs, group, lone, ws if counts is None else counts, merge_programs),
             cfg.merge_warps,
             pdl=cfg.pdl,
