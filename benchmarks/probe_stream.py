@@ -6,7 +6,8 @@ warps, programs in flight, loop shape and cache hints. Timing only: repeated key
 no result is checked. Also the stage times of the real call (plan, partials, long runs, whole)
 in graph replay, and torch's copy at the same bytes.
 
-    python benchmarks/probe_stream.py
+    python benchmarks/probe_stream.py                          (every variant)
+    python benchmarks/probe_stream.py "h1024 w1 item,h1024 w1 128/SM"   (those named)
 """
 
 import sys
@@ -84,6 +85,8 @@ VARIANTS = [
     ("h8192 w4 item, store .cs", 8192, 4, None, 1, "evict_first", "evict_first", ".cs"),
 ]
 POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform")]
+#: the VARIANTS to time (argv[1], comma-separated names); all when empty
+STREAM_NAMES = [v for v in (sys.argv[1] if len(sys.argv) > 1 else "").split(",") if v]
 
 
 def stream_add(ids, grad, main_grad, n: int, hidden: int) -> None:
@@ -128,12 +131,17 @@ def main():
         plan = ew._plan_stage(ids, problem, cfg_nopdl)
         parts = ew._partials_stage(plan, grad, main_grad, problem, cfg_nopdl)
         res["long runs alone"] = graph_ms(lambda: ew._long_runs_stage(plan, parts, main_grad, problem, cfg_nopdl)) * 1e3
-        for name, bh, warps, per_sm, depth, evict, main_evict, store in VARIANTS:
+        for name, bh, warps, per_sm, depth, evict, main_evict, store in [v for v in VARIANTS if v[0] in STREAM_NAMES or not STREAM_NAMES]:
             items = n * triton.cdiv(REAL_H, bh)
             grid = items if per_sm is None else min(items, per_sm * SMS)
             fn = lambda: _stream[(grid,)](ids, grad, main_grad, n, REAL_H, BLOCK_H=bh, DEPTH=depth, GRAD_EVICT=evict,
                                          MAIN_EVICT=main_evict, STORE_CACHE=store, num_warps=warps)  # noqa: E731
             res["stream " + name] = graph_ms(fn) * 1e3
+        # Session 14: does the order of the rows matter? The baseline shape on the same ids sorted
+        # (ascending main_grad rows, same bytes), and on n distinct consecutive rows (its own floor).
+        for order, ids_o in (("ids sorted", torch.sort(ids).values), ("ids consecutive", torch.arange(n, device="cuda") + 1000)):
+            res[f"stream h1024 w1 item, {order}"] = graph_ms(lambda ids_o=ids_o: stream_add(ids_o, grad, main_grad, n, REAL_H)) * 1e3
+        res["floor, consecutive ids"] = floor_bytes(torch.arange(n).numpy(), REAL_H) / bw * 1e3
         for k, v in res.items():
             print(f"n={n:6d} {dist:7s} {k:32s} {v:8.1f} us", flush=True)
         table[(n, dist)] = res
