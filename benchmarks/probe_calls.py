@@ -67,6 +67,12 @@ VARIANTS = {
     "first 0": dict(first_tokens=0, l2_prefetch_tokens=0),
     "pp 48 tail 12": dict(partial_programs=48 * SMS, tail_programs=12 * SMS),
     "tail 6": dict(tail_programs=6 * SMS),
+    # session 14: a grid of about one resident wave (15 programs of 135-141 registers fit an SM), so
+    # each program pays its header and first record round trips once; strided, no one-item tail.
+    "pp 15 tail 0": dict(partial_programs=15 * SMS, tail_programs=0),
+    "pp 30 tail 0": dict(partial_programs=30 * SMS, tail_programs=0),
+    "pp 45 tail 0": dict(partial_programs=45 * SMS, tail_programs=0),
+    "pp 32 tail 8": dict(partial_programs=32 * SMS, tail_programs=8 * SMS),
     # v13: lone tokens (ids that occur once) added by programs of their own, first in the partials
     # kernel's grid, while the merge runs (default: LONE_TOKENS, LONE_PER_PROGRAM positions each).
     "lone 0": dict(lone_tokens=0),
