@@ -669,39 +669,37 @@ def _partials_kernel(
         lo = tl.where(folder, items, tl.where(is_tail, tail_item, wid))
         hi = tl.where(folder | (is_tail & (tail_item < 0)), lo, tl.where(is_tail, tail_item + 1, tl.maximum(items - tail_programs, 0)))
         stride = tl.where(is_tail, 1, head)
-        if PREFETCH and RECORD_HINT:
-            # The next item's record is asked into L1 (a hint: no register waits for it) before this
-            # item's rows, and loaded after them. Loaded before them as scalars (below), ptxas moves
-            # its fields into uniform registers at once, so each item waited for the next record's
-            # L2 round trip before asking for its own rows (NOTES v12).
+        # PREFETCH: the record of the program's first item now, each next one inside the loop
+        # (RECORD_HINT: asked into L1 before this item's rows, loaded after them; else loaded
+        # before them); otherwise each item's own record when its turn comes.
+        if PREFETCH:
             s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, lo, hi, num_hb, front, group_front, group_back,
                                                             group_cap)
-            for w in range(lo, hi, stride):
-                if L1_HINT:
-                    # (the last item's record again past the last item: any other address there is no record's)
-                    nxt = tl.minimum(w + stride, hi - 1)
-                    _prefetch_l1(_record_address(ws_ptr, n, max_long_runs, nxt, num_hb, front, group_front, group_back, group_cap))
-                _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
-                         main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
-                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY)
-                s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, w + stride, hi, num_hb, front, group_front,
-                                                                group_back, group_cap)
-        elif PREFETCH:  # the next item's record is in flight while this item's rows are
-            s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, lo, hi, num_hb, front, group_front, group_back,
-                                                            group_cap)
-            for w in range(lo, hi, stride):
+        else:
+            s, key, pos0, run_start, run_end = lo * 0, lo * 0, lo * 0, lo * 0, lo * 0  # (set in the loop)
+        for w in range(lo, hi, stride):
+            if not PREFETCH:
+                s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, w, hi, num_hb, front, group_front, group_back,
+                                                                group_cap)
+            elif not RECORD_HINT:  # the next item's record in flight while this item's rows are
                 s_next, key_next, pos_next, start_next, end_next = _load_record(ws_ptr, n, max_long_runs, w + stride, hi, num_hb, front,
                                                                                 group_front, group_back, group_cap)
-                _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
-                         main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
-                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY)
-                s, key, pos0, run_start, run_end = s_next, key_next, pos_next, start_next, end_next
-        else:
-            for w in range(lo, hi, stride):
-                s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, w, hi, num_hb, front, group_front, group_back, group_cap)
-                _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
-                         main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
-                         FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY)
+            if PREFETCH and RECORD_HINT and L1_HINT:
+                # Loaded before this item's rows as scalars, ptxas moves the next record's fields into
+                # uniform registers at once, so each item waited for that L2 round trip before
+                # asking for its own rows (NOTES v12): so only a hint here, no register waits for it
+                # (the last item's record again past the last item: any other address there is no record's).
+                nxt = tl.minimum(w + stride, hi - 1)
+                _prefetch_l1(_record_address(ws_ptr, n, max_long_runs, nxt, num_hb, front, group_front, group_back, group_cap))
+            _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
+                     main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
+                     FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY)
+            if PREFETCH:
+                if RECORD_HINT:
+                    s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, w + stride, hi, num_hb, front, group_front,
+                                                                    group_back, group_cap)
+                else:
+                    s, key, pos0, run_start, run_end = s_next, key_next, pos_next, start_next, end_next
 
 
 @triton.jit
