@@ -585,7 +585,7 @@ def _partials_kernel(
     prefetch_tokens,  # PREFETCH_L2: positions [0, prefetch_tokens) have their rows prefetched
     counts_ptr,  # LONE: int32 [V], each id's tokens (_block_sort_kernel)
     padding_idx,  # LONE: id that adds nothing, or -1
-    lone_tokens,  # LONE: positions [0, lone_tokens) whose id occurs once are added by
+    lone_tokens,  # LONE: positions [0, lone_tokens) whose id occurs once are added by the lone programs (_lone_tokens)
     lone_programs,  # LONE: the first lone_programs programs, which take no record
     count_programs,  # LONE: the merge kernel's counting programs (_LONE_COUNTED)
     grad_dim1,  # 1 for a contiguous grad: Triton then folds the division away
