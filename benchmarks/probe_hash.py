@@ -1,0 +1,343 @@
+"""A plan without a sort for ids that occur at most K times (NOTES v15): is it faster than main?
+
+Every token counts its id with an integer atomic into a zeroed [V] array and, if it is among
+the id's first K arrivals, writes its position into the id's K slots of a [V, K] table. Then
+each (token, H block) item reads its id's count: a lone token adds its own row; of a run of
+2..K tokens only the one at the smallest position adds, summing the run's rows in position
+order (their positions sorted in registers), which is the sort path's arithmetic for a run
+of at most NROWS tokens; ids that occur more than K times are skipped (this probe has no
+long runs, so only points whose ids all occur at most K times are checked bit for bit).
+
+Variants (comma-separated names; all of VARIANTS when none): "count+stream" (memset, count
+kernel, stream kernel with PDL; "lazy": rows loaded only where used, "w1" one warp, "h2048" 2048
+columns, "nopdl"); "fused" (the count programs first in the stream's grid, items spin on their
+counter; "zero kernel": a zeroing kernel instead of the memset); "plan+stream" (main's block sort
+and merge between count and stream); "empty N before/after" (N kernels that only read a flag);
+"two streams" and "long alone [field=value ...]" (main's call on the tokens of ids that occur more
+than K times, beside the stream or alone, with _Config overrides). Points: PROBE_POINTS.
+
+    PYTHONPATH=.:benchmarks python benchmarks/probe_hash.py ["count+stream w4,fused w4"]
+
+Without a GPU it checks its kernels under Triton's interpreter against the core reference.
+"""
+
+import os
+import sys
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from embwgrad_core import reference
+
+ON_GPU = torch.cuda.is_available()
+K = 8  # slots per id; at most NROWS, so a run of at most K tokens is one partial
+
+
+@triton.jit
+def _round_bf16(x):
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    rounded = tl.where(x != x, ((bits | 0x400000) >> 16) << 16, rounded)
+    return rounded.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _count(ids_ptr, counts_ptr, table_ptr, n, pid, BLOCK: tl.constexpr, K: tl.constexpr):
+    idx = pid * BLOCK + tl.arange(0, BLOCK)
+    m = idx < n
+    key = tl.load(ids_ptr + idx, mask=m, other=0).to(tl.int32)
+    rank = tl.atomic_add(counts_ptr + key, tl.full([BLOCK], 1, tl.int32), mask=m, sem="relaxed")
+    tl.store(table_ptr + key.to(tl.int64) * K + rank, idx, mask=m & (rank < K))
+
+
+@triton.jit
+def _count_kernel(ids_ptr, counts_ptr, table_ptr, n, done_ptr, BLOCK: tl.constexpr, K: tl.constexpr, PDL: tl.constexpr,
+                  RELEASE: tl.constexpr):
+    if PDL:
+        gdc_launch_dependents()
+    _count(ids_ptr, counts_ptr, table_ptr, n, tl.program_id(0), BLOCK, K)
+    if RELEASE:
+        tl.atomic_add(done_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _zero_kernel(counts_ptr, size, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        gdc_launch_dependents()
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(counts_ptr + idx, tl.zeros([BLOCK], tl.int32), mask=idx < size)
+
+
+@triton.jit
+def _empty_kernel(flag_ptr):
+    """What a kernel of the sort path would cost when a device flag says it has nothing to do."""
+    gdc_launch_dependents()
+    gdc_wait()
+    if tl.load(flag_ptr) != 0:
+        tl.store(flag_ptr, 0)
+
+
+@triton.jit
+def _item(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, w, hidden, BLOCK_H: tl.constexpr, K: tl.constexpr,
+          WAIT: tl.constexpr, done_ptr, num_counters, LAZY: tl.constexpr = False):
+    num_hb = tl.cdiv(hidden, BLOCK_H)
+    i = w // num_hb
+    cols = (w % num_hb) * BLOCK_H + tl.arange(0, BLOCK_H)
+    m = cols < hidden
+    key = tl.load(ids_ptr + i).to(tl.int64)
+    grad_row = grad_ptr + i.to(tl.int64) * hidden + cols
+    if not LAZY:
+        g = tl.load(grad_row, mask=m).to(tl.float32)
+    if WAIT == 1:
+        gdc_wait()
+    elif WAIT == 2:
+        while tl.atomic_add(done_ptr, 0, sem="acquire", scope="gpu") < num_counters:
+            pass
+    c = tl.load(counts_ptr + key)
+    row = main_ptr + key * hidden + cols
+    if c == 1:
+        if LAZY:
+            g = tl.load(grad_row, mask=m).to(tl.float32)
+        old = tl.load(row, mask=m)
+        tl.store(row, old + _round_bf16(g + 0.0), mask=m)  # fp32 main_grad: one add, no rounding
+    elif c <= K:
+        slots = tl.arange(0, K)
+        p = tl.load(table_ptr + key * K + slots, mask=slots < c, other=2147483647)
+        if tl.min(p, axis=0) == i:
+            rank = tl.sum((p[None, :] < p[:, None]).to(tl.int32), axis=1)
+            if LAZY:
+                g = tl.load(grad_row, mask=m).to(tl.float32)
+            s = tl.zeros([BLOCK_H], tl.float32) + g  # its own row is the first
+            for j in tl.static_range(1, K):
+                if j < c:
+                    pj = tl.sum(tl.where(rank == j, p, 0), axis=0)
+                    s += tl.load(grad_ptr + pj.to(tl.int64) * hidden + cols, mask=m).to(tl.float32)
+            old = tl.load(row, mask=m)
+            tl.store(row, old + _round_bf16(s), mask=m)
+
+
+@triton.jit
+def _stream_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, hidden, done_ptr, num_counters, BLOCK_H: tl.constexpr,
+                   K: tl.constexpr, WAIT: tl.constexpr, LAZY: tl.constexpr):
+    _item(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, tl.program_id(0), hidden, BLOCK_H, K, WAIT, done_ptr,
+          num_counters, LAZY)
+
+
+@triton.jit
+def _fused_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, n, hidden, num_counters, done_ptr,
+                  BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, K: tl.constexpr, PDL: tl.constexpr):
+    """Programs [0, num_counters) count BLOCK tokens each and release done_ptr; the others are items
+    that wait for all of them. The counting programs come first in the grid, so they run first."""
+    pid = tl.program_id(0)
+    if pid < num_counters:
+        if PDL:
+            gdc_wait()
+        _count(ids_ptr, counts_ptr, table_ptr, n, pid, BLOCK, K)
+        tl.atomic_add(done_ptr, 1, sem="release", scope="gpu")
+    else:
+        if PDL:
+            gdc_wait()
+        _item(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, pid - num_counters, hidden, BLOCK_H, K, 2, done_ptr,
+              num_counters)
+
+
+class HashPlan:
+    """One probe variant: its buffers (kept across calls) and its launches."""
+
+    def __init__(self, name, n, vocab, hidden, device):
+        self.name = name
+        self.n, self.vocab, self.hidden = n, vocab, hidden
+        self.counts = torch.zeros(vocab + 1, dtype=torch.int32, device=device)  # the last: the fused kernel's done counter
+        self.table = torch.empty(vocab * K, dtype=torch.int32, device=device)
+        self.warps = 1 if " w1" in name else 4
+        self.block_h = 2048 if "h2048" in name else 1024
+        self.pdl = ON_GPU and "nopdl" not in name
+
+    def __call__(self, ids, grad, main_grad):
+        n, hidden = self.n, self.hidden
+        items = n * triton.cdiv(hidden, self.block_h)
+        block = 1024
+        counters = triton.cdiv(n, block)
+        done = self.counts[self.vocab:]
+        lazy = "lazy" in self.name
+        if self.name.startswith("count+stream"):
+            self.counts.zero_()
+            _count_kernel[(counters,)](ids, self.counts, self.table, n, done, BLOCK=block, K=K, PDL=self.pdl, RELEASE=False,
+                                       num_warps=4)
+            _stream_kernel[(items,)](ids, grad, main_grad, self.counts, self.table, hidden, done, counters,
+                                     BLOCK_H=self.block_h, K=K, WAIT=1 if self.pdl else 0, LAZY=lazy, num_warps=self.warps,
+                                     **({"launch_pdl": True} if self.pdl else {}))
+        elif self.name.startswith("empty"):
+            # "empty 3 after" / "empty 3 before": count, stream and three kernels that find nothing to do
+            self.counts.zero_()
+            empties = int(self.name.split()[1])
+            before = "before" in self.name
+            _count_kernel[(counters,)](ids, self.counts, self.table, n, done, BLOCK=block, K=K, PDL=True, RELEASE=False,
+                                       num_warps=4)
+            for _ in range(empties if before else 0):
+                _empty_kernel[(self.sms,)](self.counts[self.vocab - 1:], num_warps=4, launch_pdl=True)
+            _stream_kernel[(items,)](ids, grad, main_grad, self.counts, self.table, hidden, done, counters,
+                                     BLOCK_H=self.block_h, K=K, WAIT=1, LAZY=False, num_warps=self.warps, launch_pdl=True)
+            for _ in range(0 if before else empties):
+                _empty_kernel[(self.sms,)](self.counts[self.vocab - 1:], num_warps=4, launch_pdl=True)
+        elif self.name.startswith("long alone"):
+            # main's call on the tokens of ids that occur more than K times; "long alone field=value ..."
+            # overrides _Config fields (per SM where the field counts programs)
+            from bench_torch import config_overrides
+            from torch_frontend import embedding_wgrad as ew
+
+            per_sm = ("partial_programs", "fold_programs", "tail_programs")
+            fields = {f: int(v) * (self.sms if f in per_sm else 1) for f, v in (w.split("=") for w in self.name.split()[2:])}
+            if self.long_ids is not None:
+                with config_overrides(**fields):
+                    ew._launch(self.long_ids, self.long_grad, main_grad, self.long_problem, self.long_path)
+        elif self.name.startswith("plan+stream"):
+            # main's plan (block sort, merge) between the count and the stream, which waits on the count's
+            # counter instead: how much does the plan running beside it cost the stream?
+            from torch_frontend import embedding_wgrad as ew
+
+            self.counts.zero_()
+            _count_kernel[(counters,)](ids, self.counts, self.table, n, done, BLOCK=block, K=K, PDL=False, RELEASE=True,
+                                       num_warps=4)
+            ew._plan_stage(ids, self.problem, self.cfg)
+            _stream_kernel[(items,)](ids, grad, main_grad, self.counts, self.table, hidden, done, counters,
+                                     BLOCK_H=self.block_h, K=K, WAIT=2, LAZY=lazy, num_warps=self.warps, launch_pdl=True)
+        elif self.name.startswith("fused"):
+            pdl = self.pdl and "zero kernel" in self.name
+            if pdl:
+                _zero_kernel[(triton.cdiv(self.vocab + 1, 4096),)](self.counts, self.vocab + 1, BLOCK=4096, PDL=True, num_warps=4)
+            else:
+                self.counts.zero_()
+            _fused_kernel[(counters + items,)](ids, grad, main_grad, self.counts, self.table, n, hidden, counters,
+                                               self.counts[self.vocab:], BLOCK=block, BLOCK_H=self.block_h, K=K, PDL=pdl,
+                                               num_warps=self.warps, **({"launch_pdl": True} if pdl else {}))
+        elif self.name.startswith("two streams"):
+            # Timing estimate for ids that occur more than K times: main's whole call on those tokens
+            # alone (a subset in position order keeps each run's arithmetic), on a side stream beside
+            # the count and the short stream (lazy: long tokens load no row). Graph capture forks and joins.
+            from torch_frontend import embedding_wgrad as ew
+
+            cur = torch.cuda.current_stream()
+            self.side.wait_stream(cur)
+            with torch.cuda.stream(self.side):
+                if self.long_ids is not None:
+                    ew._launch(self.long_ids, self.long_grad, main_grad, self.long_problem, self.long_path)
+            self.counts.zero_()
+            _count_kernel[(counters,)](ids, self.counts, self.table, n, done, BLOCK=block, K=K, PDL=self.pdl, RELEASE=False,
+                                       num_warps=4)
+            _stream_kernel[(items,)](ids, grad, main_grad, self.counts, self.table, hidden, done, counters,
+                                     BLOCK_H=self.block_h, K=K, WAIT=1, LAZY=True, num_warps=self.warps, launch_pdl=True)
+            cur.wait_stream(self.side)
+        else:
+            raise ValueError(self.name)
+
+    def set_long(self, ids_np, grad, main_grad):
+        """The tokens of ids that occur more than K times, for the two-stream variant."""
+        from embwgrad_core import torch_path
+        from torch_frontend import embedding_wgrad as ew
+
+        self.side = torch.cuda.Stream()
+        keep = np.bincount(ids_np)[ids_np] > K
+        self.long_ids = None
+        if keep.any():
+            idx = torch.from_numpy(np.nonzero(keep)[0]).cuda()
+            self.long_ids = torch.from_numpy(ids_np[keep]).cuda()
+            self.long_grad = grad[idx].contiguous()
+            self.long_problem = ew._check(self.long_ids, self.long_grad, main_grad, None)
+            self.long_path = torch_path(int(keep.sum()))
+            runs = np.bincount(ids_np[keep])
+            print(f"long tokens {keep.sum()}, long ids {np.count_nonzero(runs)}, longest {runs.max()}", flush=True)
+
+
+VARIANTS = ["count+stream w4", "count+stream lazy w4", "plan+stream w4", "plan+stream lazy w4", "two streams w4",
+            "empty 3 after", "empty 3 before", "empty 1 after", "long alone", "count+stream w1", "count+stream nopdl w4", "count+stream h2048 w4", "fused w4",
+            "fused zero kernel w4", "fused w1"]
+
+
+def max_count(ids_np):
+    return int(np.bincount(ids_np).max())
+
+
+def cpu_check():
+    assert os.environ.get("TRITON_INTERPRET") == "1", "without a GPU, run under TRITON_INTERPRET=1"
+    vocab, hidden = 50, 80
+    rng = np.random.default_rng(0)
+    for name in ["count+stream w4", "count+stream lazy w4", "fused w4"]:
+        for n in (40, 300):
+            ids_np = rng.integers(0, vocab, n)
+            while max_count(ids_np) > K:
+                ids_np = rng.integers(0, vocab, n)
+            grad = torch.randn(n, hidden).bfloat16()
+            main = torch.randn(vocab, hidden)
+            expected = reference.accumulate(ids_np, _np_bf16(grad), main.numpy().copy(), path="sort")
+            got = main.clone()
+            HashPlan(name, n, vocab, hidden, "cpu")(torch.from_numpy(ids_np), grad, got)
+            ok = np.array_equal(got.numpy().view(np.int32), np.asarray(expected).view(np.int32))
+            print(f"cpu {name:24s} n={n:4d} max count {max_count(ids_np)}: {'bitwise' if ok else 'DIFFERENT'}")
+            assert ok
+
+
+def _np_bf16(t):
+    import ml_dtypes
+
+    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+
+
+def main():
+    if not ON_GPU:
+        return cpu_check()
+    from bench_torch import copy_bandwidth, dense_expected, graph_ms, same_bits
+    from common import floor_bytes, ids_for, probe_points
+
+    from embwgrad_core import torch_path
+    from tests.cases import REAL_H, REAL_V
+    from torch_frontend import embedding_wgrad as ew
+
+    names = [v for v in (sys.argv[1] if len(sys.argv) > 1 else "").split(",") if v] or VARIANTS
+    torch.manual_seed(0)
+    main_grad = torch.randn(REAL_V, REAL_H, device="cuda")
+    bw = copy_bandwidth()
+    print(f"copy bandwidth: {bw / 1e9:.3f} TB/s")
+    rows = {}
+    for n, dist in probe_points([(4096, "uniform"), (4096, "zipf"), (8192, "uniform"), (8192, "zipf"), (16384, "uniform"),
+                                  (32768, "uniform"), (32768, "zipf")]):
+        grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
+        ids_np = ids_for(dist, n, REAL_V)
+        ids = torch.from_numpy(ids_np).cuda()
+        mc = max_count(ids_np)
+        res = {"floor": floor_bytes(ids_np, REAL_H) / bw * 1e3}
+        problem = ew._check(ids, grad, main_grad, None)
+        res["main"] = graph_ms(lambda: ew._launch(ids, grad, main_grad, problem, torch_path(n))) * 1e3
+        for name in names:
+            plan = HashPlan(name, n, REAL_V, REAL_H, "cuda")
+            plan.problem = problem
+            plan.cfg = ew._config(problem, torch_path(n), False, *ew._device_traits(0))
+            plan.sms = torch.cuda.get_device_properties(0).multi_processor_count
+            if name.startswith("two streams") or name.startswith("long alone"):
+                plan.set_long(ids_np, grad, main_grad)
+            note = ""
+            if (mc <= K or name.startswith("two streams")) and not name.startswith("long alone"):
+                expected = dense_expected(ids, grad, main_grad)
+                got = main_grad.clone()
+                plan(ids, grad, got)
+                torch.cuda.synchronize()
+                note = "bitwise" if same_bits(got, expected) else "DIFFERENT"
+                del got, expected
+            else:
+                note = f"max count {mc} > {K}: long ids skipped, timing only"
+            res[name] = graph_ms(lambda: plan(ids, grad, main_grad)) * 1e3
+            print(f"n={n:6d} {dist:7s} {name:28s} {res[name]:8.1f} us  {note}", flush=True)
+        print(f"n={n:6d} {dist:7s} main {res['main']:.1f} floor {res['floor']:.1f} (max count {mc})", flush=True)
+        rows[(n, dist)] = res
+    keys = list(next(iter(rows.values())))
+    print("| us | " + " | ".join(f"{n} {d}" for n, d in rows) + " |")
+    print("|---" * (len(rows) + 1) + "|")
+    for k in keys:
+        print(f"| {k} | " + " | ".join(f"{rows[p][k]:.1f}" for p in rows) + " |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
