@@ -33,6 +33,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from embwgrad_core import reference
 
 ON_GPU = torch.cuda.is_available()
+# The long route's control words (after the counts and the done counter, zeroed with them): long
+# tokens, partials, runs listed; three barrier counters; whether any id occurs more than K times.
+_L, _P, _R, _B1, _B2, _B3, _ANY = (tl.constexpr(i) for i in range(7))
 K = 8  # slots per id; at most NROWS, so a run of at most K tokens is one partial
 
 
@@ -45,12 +48,19 @@ def _round_bf16(x):
 
 
 @triton.jit
+def _nap():
+    """nanosleep between polls of a counter, so that spinning programs do not crowd its L2 slice."""
+    tl.inline_asm_elementwise("nanosleep.u32 200; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _count(ids_ptr, counts_ptr, table_ptr, n, pid, BLOCK: tl.constexpr, K: tl.constexpr):
     idx = pid * BLOCK + tl.arange(0, BLOCK)
     m = idx < n
     key = tl.load(ids_ptr + idx, mask=m, other=0).to(tl.int32)
     rank = tl.atomic_add(counts_ptr + key, tl.full([BLOCK], 1, tl.int32), mask=m, sem="relaxed")
     tl.store(table_ptr + key.to(tl.int64) * K + rank, idx, mask=m & (rank < K))
+    return tl.sum((m & (rank == K)).to(tl.int32), axis=0)  # ids of this block that just became long
 
 
 @triton.jit
@@ -58,7 +68,9 @@ def _count_kernel(ids_ptr, counts_ptr, table_ptr, n, done_ptr, BLOCK: tl.constex
                   RELEASE: tl.constexpr):
     if PDL:
         gdc_launch_dependents()
-    _count(ids_ptr, counts_ptr, table_ptr, n, tl.program_id(0), BLOCK, K)
+    longs = _count(ids_ptr, counts_ptr, table_ptr, n, tl.program_id(0), BLOCK, K)
+    if longs > 0:  # the long route's flag (control word _ANY, after the done counter)
+        tl.store(done_ptr + 8 + _ANY, 1)
     if RELEASE:
         tl.atomic_add(done_ptr, 1, sem="release", scope="gpu")
 
@@ -93,7 +105,7 @@ def _item(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, w, hidden, BLOCK_H
         g = tl.load(grad_row, mask=m).to(tl.float32)
     if WAIT == 1:
         gdc_wait()
-    elif WAIT == 2:
+    elif (WAIT == 2) | (WAIT == 4):
         while tl.atomic_add(done_ptr, 0, sem="acquire", scope="gpu") < num_counters:
             pass
     c = tl.load(counts_ptr + key)
@@ -124,6 +136,9 @@ def _stream_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, hidden, d
                    K: tl.constexpr, WAIT: tl.constexpr, LAZY: tl.constexpr):
     _item(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, tl.program_id(0), hidden, BLOCK_H, K, WAIT, done_ptr,
           num_counters, LAZY)
+    if (WAIT == 3) | (WAIT == 4):  # launched after the long route: wait for it at the end only (stream order)
+        if tl.program_id(0) == 0:
+            gdc_wait()
 
 
 @triton.jit
@@ -144,13 +159,163 @@ def _fused_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, n, hidden,
               num_counters)
 
 
+# ----------------------------------------------------------------------------- the long route
+# Ids that occur more than K times: one persistent kernel of LR_PER_SM programs per SM, launched
+# with PDL after the count and before the stream, in four phases separated by grid barriers
+# (counters; every program is resident before the stream launches). (1) compact the long
+# tokens' (key, position) into a list; (2) rank each entry by (key, position) against all the
+# list (all pairs), which gives its sorted slot and its run's first slot; write the sorted
+# positions, and list each partial (NROWS slots) and each run; (3) sum each (partial, H block)
+# from +0 in slot order: a run of one partial adds into main_grad, the others store the sum in
+# the scratch row embwgrad_core.partial_row gives; (4) fold each (run, columns) in partial order
+# and add. Control words (after the counts, zeroed by the same memset):
+_NROWS = tl.constexpr(10)
+
+
+@triton.jit
+def _barrier(ctr_ptr, target):
+    tl.debug_barrier()
+    tl.atomic_add(ctr_ptr, 1, sem="release", scope="gpu")
+    while tl.atomic_add(ctr_ptr, 0, sem="acquire", scope="gpu") < target:
+        _nap()
+
+
+@triton.jit
+def _lr_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, ctl_ptr, lkey_ptr, lpos_ptr, spos_ptr, plist_ptr, rlist_ptr,
+               scratch_ptr, n, hidden, K: tl.constexpr, PHASE: tl.constexpr, PDL: tl.constexpr, TILE: tl.constexpr, TILE_I: tl.constexpr,
+               BLOCK_H: tl.constexpr, FOLD_H: tl.constexpr, FOLD_BATCH: tl.constexpr, EARLY: tl.constexpr = False,
+               CHECK_ANY: tl.constexpr = False):
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    if PDL:
+        if EARLY:  # the stream launches now and waits on the count's counter itself
+            gdc_launch_dependents()
+            gdc_wait()
+        else:
+            gdc_wait()  # the count is done; only then may the stream launch
+            gdc_launch_dependents()
+    ar = tl.arange(0, TILE)
+    if CHECK_ANY:
+        if tl.load(ctl_ptr + _ANY) == 0:
+            return
+    if (PHASE == 0) | (PHASE == 1):
+        for t in range(pid, tl.cdiv(n, TILE_I), P):
+            idx = t * TILE_I + tl.arange(0, TILE_I)
+            m = idx < n
+            key = tl.load(ids_ptr + idx, mask=m, other=0).to(tl.int32)
+            c = tl.load(counts_ptr + key, mask=m, other=0)
+            flag = (m & (c > K)).to(tl.int32)
+            total = tl.sum(flag, axis=0)
+            if total > 0:
+                base = tl.atomic_add(ctl_ptr + _L, total)
+                at = base + tl.cumsum(flag, axis=0) - flag
+                tl.store(lkey_ptr + at, key, mask=flag == 1)
+                tl.store(lpos_ptr + at, idx, mask=flag == 1)
+        if PHASE == 0:
+            _barrier(ctl_ptr + _B1, P)
+    if (PHASE == 0) | (PHASE == 2):
+        L = tl.atomic_add(ctl_ptr + _L, 0, sem="acquire", scope="gpu")
+        for t in range(pid, tl.cdiv(L, TILE), P):
+            j = t * TILE + ar
+            mj = j < L
+            kj = tl.load(lkey_ptr + j, mask=mj, other=0)
+            pj = tl.load(lpos_ptr + j, mask=mj, other=0)
+            rank = tl.zeros([TILE], tl.int32)
+            below = tl.zeros([TILE], tl.int32)
+            for u in range(0, tl.cdiv(L, TILE_I)):
+                i = u * TILE_I + tl.arange(0, TILE_I)
+                mi = i < L
+                ki = tl.load(lkey_ptr + i, mask=mi, other=2147483647)
+                pi = tl.load(lpos_ptr + i, mask=mi, other=0)
+                key_below = ki[None, :] < kj[:, None]
+                rank += tl.sum((key_below | ((ki[None, :] == kj[:, None]) & (pi[None, :] < pj[:, None]))).to(tl.int32), axis=1)
+                below += tl.sum(key_below.to(tl.int32), axis=1)
+            tl.store(spos_ptr + rank, pj, mask=mj)
+            c = tl.load(counts_ptr + kj, mask=mj, other=0)
+            slot = rank - below
+            head = (mj & (slot % _NROWS == 0)).to(tl.int32)
+            heads = tl.sum(head, axis=0)
+            if heads > 0:
+                base = tl.atomic_add(ctl_ptr + _P, heads)
+                at = (base + tl.cumsum(head, axis=0) - head) * 4
+                hm = head == 1
+                tl.store(plist_ptr + at, rank, mask=hm)
+                tl.store(plist_ptr + at + 1, tl.minimum(c - slot, _NROWS), mask=hm)
+                tl.store(plist_ptr + at + 2, kj, mask=hm)
+                tl.store(plist_ptr + at + 3, below, mask=hm)
+            first = (mj & (slot == 0) & (c > _NROWS)).to(tl.int32)
+            firsts = tl.sum(first, axis=0)
+            if firsts > 0:
+                base = tl.atomic_add(ctl_ptr + _R, firsts)
+                at = (base + tl.cumsum(first, axis=0) - first) * 2
+                tl.store(rlist_ptr + at, kj, mask=first == 1)
+                tl.store(rlist_ptr + at + 1, below, mask=first == 1)
+        if PHASE == 0:
+            _barrier(ctl_ptr + _B2, P)
+    if (PHASE == 0) | (PHASE == 3):
+        num_p = tl.atomic_add(ctl_ptr + _P, 0, sem="acquire", scope="gpu")
+        num_hb = tl.cdiv(hidden, BLOCK_H)
+        for w in range(pid, num_p * num_hb, P):
+            d = w // num_hb
+            cols = (w % num_hb) * BLOCK_H + tl.arange(0, BLOCK_H)
+            m = cols < hidden
+            s0 = tl.load(plist_ptr + 4 * d)
+            length = tl.load(plist_ptr + 4 * d + 1)
+            key = tl.load(plist_ptr + 4 * d + 2)
+            r0 = tl.load(plist_ptr + 4 * d + 3)
+            sacc = tl.zeros([BLOCK_H], tl.float32)
+            q16 = tl.arange(0, 16)
+            ps = tl.load(spos_ptr + s0 + q16, mask=q16 < length, other=0)
+            for q in tl.static_range(0, 10):  # every row's load issued before the adds (masked, not branched)
+                pos = tl.sum(tl.where(q16 == q, ps, 0), axis=0)
+                sacc += tl.load(grad_ptr + pos.to(tl.int64) * hidden + cols, mask=cols < tl.where(q < length, hidden, 0), other=0.0).to(tl.float32)
+            c = tl.load(counts_ptr + key)
+            if c <= _NROWS:
+                row = main_ptr + key.to(tl.int64) * hidden + cols
+                tl.store(row, tl.load(row, mask=m) + _round_bf16(sacc), mask=m)
+            else:
+                k = (s0 - r0) // _NROWS
+                srow = 2 * (s0 // _NROWS) + (k == 0).to(tl.int32)
+                tl.store(scratch_ptr + srow.to(tl.int64) * hidden + cols, sacc, mask=m)
+        if PHASE == 0:
+            _barrier(ctl_ptr + _B3, P)
+    if (PHASE == 0) | (PHASE == 4):
+        num_r = tl.atomic_add(ctl_ptr + _R, 0, sem="acquire", scope="gpu")
+        num_fh = tl.cdiv(hidden, FOLD_H)
+        for w in range(pid, num_r * num_fh, P):
+            d = w // num_fh
+            cols = (w % num_fh) * FOLD_H + tl.arange(0, FOLD_H)
+            m = cols < hidden
+            key = tl.load(rlist_ptr + 2 * d)
+            r0 = tl.load(rlist_ptr + 2 * d + 1)
+            c = tl.load(counts_ptr + key)
+            num = tl.cdiv(c, _NROWS)
+            t_acc = tl.zeros([FOLD_H], tl.float32)
+            for k0 in range(0, num, FOLD_BATCH):
+                kk = k0 + tl.arange(0, FOLD_BATCH)
+                srow = 2 * ((r0 + _NROWS * kk) // _NROWS) + (kk == 0).to(tl.int32)
+                block = tl.load(scratch_ptr + srow.to(tl.int64)[:, None] * hidden + cols[None, :],
+                                mask=(kk < num)[:, None] & m[None, :], other=0.0)
+                for q in tl.static_range(0, FOLD_BATCH):
+                    part = tl.sum(tl.where((tl.arange(0, FOLD_BATCH) == q)[:, None], block, 0.0), axis=0)
+                    t_acc = tl.where(k0 + q < num, t_acc + part, t_acc)
+            row = main_ptr + key.to(tl.int64) * hidden + cols
+            tl.store(row, tl.load(row, mask=m) + _round_bf16(t_acc), mask=m)
+
+
 class HashPlan:
     """One probe variant: its buffers (kept across calls) and its launches."""
 
     def __init__(self, name, n, vocab, hidden, device):
         self.name = name
         self.n, self.vocab, self.hidden = n, vocab, hidden
-        self.counts = torch.zeros(vocab + 1, dtype=torch.int32, device=device)  # the last: the fused kernel's done counter
+        # after the counts: [vocab] the done counter of "fused" and "plan+stream", [vocab + 8:] the long route's control words
+        self.counts = torch.zeros(vocab + 24, dtype=torch.int32, device=device)
+        if name.startswith("hash"):
+            self.lkey, self.lpos, self.spos = (torch.empty(n, dtype=torch.int32, device=device) for _ in range(3))
+            self.plist = torch.empty(4 * n, dtype=torch.int32, device=device)
+            self.rlist = torch.empty(2 * n, dtype=torch.int32, device=device)
+            self.scratch = torch.empty(2 * (n // 10 + 1) + 2, hidden, dtype=torch.float32, device=device)
         self.table = torch.empty(vocab * K, dtype=torch.int32, device=device)
         self.warps = 1 if " w1" in name else 4
         self.block_h = 2048 if "h2048" in name else 1024
@@ -170,6 +335,29 @@ class HashPlan:
             _stream_kernel[(items,)](ids, grad, main_grad, self.counts, self.table, hidden, done, counters,
                                      BLOCK_H=self.block_h, K=K, WAIT=1 if self.pdl else 0, LAZY=lazy, num_warps=self.warps,
                                      **({"launch_pdl": True} if self.pdl else {}))
+        elif self.name.startswith("hash"):
+            # the whole design: count, the long route (PDL), the stream (PDL, waits at its end only)
+            lr = int(next((w[2:] for w in self.name.split() if w.startswith("lr")), "2"))
+            self.lr_tile = int(next((w[2:] for w in self.name.split() if w.startswith("tj")), "16"))
+            self.lr_tile_i = int(next((w[2:] for w in self.name.split() if w.startswith("ti")), "256"))
+            ctl = self.counts[self.vocab + 8:]
+            self.counts.zero_()
+            early = " early" in self.name
+            _count_kernel[(counters,)](ids, self.counts, self.table, n, done, BLOCK=block, K=K, PDL=self.pdl, RELEASE=early,
+                                       num_warps=4)
+            lr_args = (ids, grad, main_grad, self.counts, ctl, self.lkey, self.lpos, self.spos, self.plist, self.rlist,
+                       self.scratch, n, hidden)
+            lr_kw = dict(CHECK_ANY=" any" in self.name, K=K, TILE=self.lr_tile, TILE_I=self.lr_tile_i, BLOCK_H=1024, FOLD_H=256, FOLD_BATCH=8, num_warps=4)
+            if self.pdl:
+                _lr_kernel[(lr * self.sms,)](*lr_args, PHASE=0, PDL=True, EARLY=early, launch_pdl=True, **lr_kw)
+            else:  # the interpreter runs programs one at a time: one launch per phase, no barriers
+                for phase in (1, 2, 3, 4):
+                    _lr_kernel[(lr * self.sms,)](*lr_args, PHASE=phase, PDL=False, **lr_kw)
+            if " alone" in self.name:  # the count and the long route only: timing only
+                return
+            _stream_kernel[(items,)](ids, grad, main_grad, self.counts, self.table, hidden, done, counters,
+                                     BLOCK_H=self.block_h, K=K, WAIT=(4 if early else 3) if self.pdl else 0, LAZY=lazy,
+                                     num_warps=self.warps, **({"launch_pdl": True} if self.pdl else {}))
         elif self.name.startswith("empty"):
             # "empty 3 after" / "empty 3 before": count, stream and three kernels that find nothing to do
             self.counts.zero_()
@@ -252,7 +440,7 @@ class HashPlan:
             print(f"long tokens {keep.sum()}, long ids {np.count_nonzero(runs)}, longest {runs.max()}", flush=True)
 
 
-VARIANTS = ["count+stream w4", "count+stream lazy w4", "plan+stream w4", "plan+stream lazy w4", "two streams w4",
+VARIANTS = ["hash lr2", "hash lr4", "hash early lr2", "hash early lr4", "hash lr4 tj8 ti1024", "hash lazy lr2", "count+stream w4", "count+stream lazy w4", "plan+stream w4", "plan+stream lazy w4", "two streams w4",
             "empty 3 after", "empty 3 before", "empty 1 after", "long alone", "count+stream w1", "count+stream nopdl w4", "count+stream h2048 w4", "fused w4",
             "fused zero kernel w4", "fused w1"]
 
@@ -265,16 +453,24 @@ def cpu_check():
     assert os.environ.get("TRITON_INTERPRET") == "1", "without a GPU, run under TRITON_INTERPRET=1"
     vocab, hidden = 50, 80
     rng = np.random.default_rng(0)
-    for name in ["count+stream w4", "count+stream lazy w4", "fused w4"]:
-        for n in (40, 300):
-            ids_np = rng.integers(0, vocab, n)
-            while max_count(ids_np) > K:
+    from tests.cases import zipf_ids
+
+    for name in ["hash lr1", "hash any lr1", "hash lazy lr1", "count+stream w4", "count+stream lazy w4", "fused w4"]:
+        for n in (40, 300, 700) if name.startswith("hash") else (40, 300):
+            if name.startswith("hash"):  # long runs: of 9-10 tokens (one partial) and longer
+                ids_np = np.concatenate([zipf_ids(n - 19, vocab, seed=n), np.full(9, vocab - 1), np.full(10, vocab - 2)])
+                ids_np = ids_np[rng.permutation(n)]
+            else:
                 ids_np = rng.integers(0, vocab, n)
+                while max_count(ids_np) > K:
+                    ids_np = rng.integers(0, vocab, n)
             grad = torch.randn(n, hidden).bfloat16()
             main = torch.randn(vocab, hidden)
             expected = reference.accumulate(ids_np, _np_bf16(grad), main.numpy().copy(), path="sort")
             got = main.clone()
-            HashPlan(name, n, vocab, hidden, "cpu")(torch.from_numpy(ids_np), grad, got)
+            plan = HashPlan(name, n, vocab, hidden, "cpu")
+            plan.sms = 4
+            plan(torch.from_numpy(ids_np), grad, got)
             ok = np.array_equal(got.numpy().view(np.int32), np.asarray(expected).view(np.int32))
             print(f"cpu {name:24s} n={n:4d} max count {max_count(ids_np)}: {'bitwise' if ok else 'DIFFERENT'}")
             assert ok
@@ -319,7 +515,7 @@ def main():
             if name.startswith("two streams") or name.startswith("long alone"):
                 plan.set_long(ids_np, grad, main_grad)
             note = ""
-            if (mc <= K or name.startswith("two streams")) and not name.startswith("long alone"):
+            if (mc <= K or name.startswith(("two streams", "hash"))) and "alone" not in name:
                 expected = dense_expected(ids, grad, main_grad)
                 got = main_grad.clone()
                 plan(ids, grad, got)
