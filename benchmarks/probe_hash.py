@@ -8,7 +8,11 @@ order (their positions sorted in registers), which is the sort path's arithmetic
 of at most NROWS tokens; ids that occur more than K times are skipped (this probe has no
 long runs, so only points whose ids all occur at most K times are checked bit for bit).
 
-Variants (comma-separated names; all of VARIANTS when none): "count+stream" (memset, count
+Variants (comma-separated names; all of VARIANTS when none): "hash" (the whole design: count,
+the long route kernel for ids that occur more than K times, stream; "lrN" N long-route programs
+per SM, at most 4: its grid barriers need every program resident; "tjA tiB" its rank tiles;
+"any": it returns at once when no id is long; "early": the stream launches before the long route
+waits; "alone": no stream, timing only); "count+stream" (memset, count
 kernel, stream kernel with PDL; "lazy": rows loaded only where used, "w1" one warp, "h2048" 2048
 columns, "nopdl"); "fused" (the count programs first in the stream's grid, items spin on their
 counter; "zero kernel": a zeroing kernel instead of the memset); "plan+stream" (main's block sort
@@ -338,6 +342,8 @@ class HashPlan:
         elif self.name.startswith("hash"):
             # the whole design: count, the long route (PDL), the stream (PDL, waits at its end only)
             lr = int(next((w[2:] for w in self.name.split() if w.startswith("lr")), "2"))
+            if lr > 4:  # 127 registers at 4 warps: 4 programs fill an SM, and a grid barrier with more hangs
+                raise ValueError(f"{self.name}: at most 4 long-route programs per SM")
             self.lr_tile = int(next((w[2:] for w in self.name.split() if w.startswith("tj")), "16"))
             self.lr_tile_i = int(next((w[2:] for w in self.name.split() if w.startswith("ti")), "256"))
             ctl = self.counts[self.vocab + 8:]
