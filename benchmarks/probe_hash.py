@@ -10,7 +10,8 @@ long runs, so only points whose ids all occur at most K times are checked bit fo
 
 Variants (comma-separated names; all of VARIANTS when none): "hash" (the whole design: count,
 the long route kernel for ids that occur more than K times, stream; "lrN" N long-route programs
-per SM, at most 4: its grid barriers need every program resident; "tjA tiB" its rank tiles;
+per SM, at most 4: its grid barriers need every program resident; "tjA tiB" its rank tiles, "fhC fbD" its fold columns and batch; "stopN" (with "alone"): only its first N phases; "seg": its sort by segments (each long id's
+tokens placed at their arrival ranks, then ranked inside the segment only);
 "any": it returns at once when no id is long; "early": the stream launches before the long route
 waits; "alone": no stream, timing only); "count+stream" (memset, count
 kernel, stream kernel with PDL; "lazy": rows loaded only where used, "w1" one warp, "h2048" 2048
@@ -39,7 +40,7 @@ from embwgrad_core import reference
 ON_GPU = torch.cuda.is_available()
 # The long route's control words (after the counts and the done counter, zeroed with them): long
 # tokens, partials, runs listed; three barrier counters; whether any id occurs more than K times.
-_L, _P, _R, _B1, _B2, _B3, _ANY = (tl.constexpr(i) for i in range(7))
+_L, _P, _R, _B1, _B2, _B3, _ANY, _B4, _B5 = (tl.constexpr(i) for i in range(9))
 K = 8  # slots per id; at most NROWS, so a run of at most K tokens is one partial
 
 
@@ -58,21 +59,23 @@ def _nap():
 
 
 @triton.jit
-def _count(ids_ptr, counts_ptr, table_ptr, n, pid, BLOCK: tl.constexpr, K: tl.constexpr):
+def _count(ids_ptr, counts_ptr, table_ptr, n, pid, BLOCK: tl.constexpr, K: tl.constexpr, arr_ptr=None):
     idx = pid * BLOCK + tl.arange(0, BLOCK)
     m = idx < n
     key = tl.load(ids_ptr + idx, mask=m, other=0).to(tl.int32)
     rank = tl.atomic_add(counts_ptr + key, tl.full([BLOCK], 1, tl.int32), mask=m, sem="relaxed")
     tl.store(table_ptr + key.to(tl.int64) * K + rank, idx, mask=m & (rank < K))
+    if arr_ptr is not None:
+        tl.store(arr_ptr + idx, rank, mask=m)
     return tl.sum((m & (rank == K)).to(tl.int32), axis=0)  # ids of this block that just became long
 
 
 @triton.jit
 def _count_kernel(ids_ptr, counts_ptr, table_ptr, n, done_ptr, BLOCK: tl.constexpr, K: tl.constexpr, PDL: tl.constexpr,
-                  RELEASE: tl.constexpr):
+                  RELEASE: tl.constexpr, arr_ptr=None):
     if PDL:
         gdc_launch_dependents()
-    longs = _count(ids_ptr, counts_ptr, table_ptr, n, tl.program_id(0), BLOCK, K)
+    longs = _count(ids_ptr, counts_ptr, table_ptr, n, tl.program_id(0), BLOCK, K, arr_ptr)
     if longs > 0:  # the long route's flag (control word _ANY, after the done counter)
         tl.store(done_ptr + 8 + _ANY, 1)
     if RELEASE:
@@ -185,10 +188,97 @@ def _barrier(ctr_ptr, target):
 
 
 @triton.jit
+def _segmented_rank(ids_ptr, counts_ptr, ctl_ptr, skey_ptr, sp_ptr, spos_ptr, plist_ptr, rlist_ptr, arr_ptr, segb_ptr, n, pid,
+                    P, K: tl.constexpr, PHASE: tl.constexpr, TILE: tl.constexpr, TILE_I: tl.constexpr):
+    """The long route's sort, by segments: (1) list each long id once (its first arrival) ->
+    barrier -> (11) program 0 gives each listed id a segment of its count (a prefix over the
+    list) -> (12) every long token goes to its segment at its arrival rank -> barrier -> (2) each
+    entry's place in its segment is the number of its segment's entries at smaller positions
+    (only its own segment is compared), which gives the sorted positions and the partials."""
+    if (PHASE == 0) | (PHASE == 1):
+        for t in range(pid, tl.cdiv(n, TILE_I), P):
+            idx = t * TILE_I + tl.arange(0, TILE_I)
+            m = idx < n
+            key = tl.load(ids_ptr + idx, mask=m, other=0).to(tl.int32)
+            c = tl.load(counts_ptr + key, mask=m, other=0)
+            first = (m & (c > K) & (tl.load(arr_ptr + idx, mask=m, other=1) == 0)).to(tl.int32)
+            total = tl.sum(first, axis=0)
+            if total > 0:
+                base = tl.atomic_add(ctl_ptr + _R, total)
+                tl.store(rlist_ptr + 2 * (base + tl.cumsum(first, axis=0) - first), key, mask=first == 1)
+        if PHASE == 0:
+            _barrier(ctl_ptr + _B1, P)
+    if (PHASE == 0) | (PHASE == 11):
+        if pid == 0:
+            runs = tl.atomic_add(ctl_ptr + _R, 0, sem="acquire", scope="gpu")
+            acc = 0
+            for r0 in range(0, runs, TILE_I):
+                r = r0 + tl.arange(0, TILE_I)
+                mr = r < runs
+                key = tl.load(rlist_ptr + 2 * r, mask=mr, other=0)
+                c = tl.load(counts_ptr + key, mask=mr, other=0)
+                base = acc + tl.cumsum(c, axis=0) - c
+                tl.store(rlist_ptr + 2 * r + 1, base, mask=mr)
+                tl.store(segb_ptr + key, base, mask=mr)
+                acc += tl.sum(c, axis=0)
+            tl.store(ctl_ptr + _L, acc)
+            if PHASE == 0:
+                tl.debug_barrier()
+                tl.atomic_add(ctl_ptr + _B4, 1, sem="release", scope="gpu")
+        if PHASE == 0:
+            while tl.atomic_add(ctl_ptr + _B4, 0, sem="acquire", scope="gpu") < 1:
+                _nap()
+    if (PHASE == 0) | (PHASE == 12):
+        for t in range(pid, tl.cdiv(n, TILE_I), P):
+            idx = t * TILE_I + tl.arange(0, TILE_I)
+            m = idx < n
+            key = tl.load(ids_ptr + idx, mask=m, other=0).to(tl.int32)
+            c = tl.load(counts_ptr + key, mask=m, other=0)
+            lm = m & (c > K)
+            slot = tl.load(segb_ptr + key, mask=lm, other=0) + tl.load(arr_ptr + idx, mask=lm, other=0)
+            tl.store(skey_ptr + slot, key, mask=lm)
+            tl.store(sp_ptr + slot, idx, mask=lm)
+        if PHASE == 0:
+            _barrier(ctl_ptr + _B5, P)
+    if (PHASE == 0) | (PHASE == 2):
+        L = tl.atomic_add(ctl_ptr + _L, 0, sem="acquire", scope="gpu")
+        ar = tl.arange(0, TILE)
+        for t in range(pid, tl.cdiv(L, TILE), P):
+            j = t * TILE + ar
+            mj = j < L
+            kj = tl.load(skey_ptr + j, mask=mj, other=0)
+            pj = tl.load(sp_ptr + j, mask=mj, other=0)
+            bj = tl.load(segb_ptr + kj, mask=mj, other=0)
+            c = tl.load(counts_ptr + kj, mask=mj, other=0)
+            lo = tl.min(tl.where(mj, bj, 2147483647), axis=0)
+            hi = tl.max(tl.where(mj, bj + c, 0), axis=0)
+            place = tl.zeros([TILE], tl.int32)
+            for i0 in range(lo, hi, TILE_I):
+                i = i0 + tl.arange(0, TILE_I)
+                mi = i < hi
+                ki = tl.load(skey_ptr + i, mask=mi, other=-1)
+                pi = tl.load(sp_ptr + i, mask=mi, other=0)
+                place += tl.sum(((ki[None, :] == kj[:, None]) & (pi[None, :] < pj[:, None])).to(tl.int32), axis=1)
+            tl.store(spos_ptr + bj + place, pj, mask=mj)
+            head = (mj & (place % _NROWS == 0)).to(tl.int32)
+            heads = tl.sum(head, axis=0)
+            if heads > 0:
+                base = tl.atomic_add(ctl_ptr + _P, heads)
+                at = (base + tl.cumsum(head, axis=0) - head) * 4
+                hm = head == 1
+                tl.store(plist_ptr + at, bj + place, mask=hm)
+                tl.store(plist_ptr + at + 1, tl.minimum(c - place, _NROWS), mask=hm)
+                tl.store(plist_ptr + at + 2, kj, mask=hm)
+                tl.store(plist_ptr + at + 3, bj, mask=hm)
+        if PHASE == 0:
+            _barrier(ctl_ptr + _B2, P)
+
+
+@triton.jit
 def _lr_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, ctl_ptr, lkey_ptr, lpos_ptr, spos_ptr, plist_ptr, rlist_ptr,
                scratch_ptr, n, hidden, K: tl.constexpr, PHASE: tl.constexpr, PDL: tl.constexpr, TILE: tl.constexpr, TILE_I: tl.constexpr,
                BLOCK_H: tl.constexpr, FOLD_H: tl.constexpr, FOLD_BATCH: tl.constexpr, EARLY: tl.constexpr = False,
-               CHECK_ANY: tl.constexpr = False):
+               CHECK_ANY: tl.constexpr = False, STOP: tl.constexpr = 0, arr_ptr=None, segb_ptr=None, SEG: tl.constexpr = False):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     if PDL:
@@ -202,7 +292,12 @@ def _lr_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, ctl_ptr, lkey_ptr, lpos_
     if CHECK_ANY:
         if tl.load(ctl_ptr + _ANY) == 0:
             return
-    if (PHASE == 0) | (PHASE == 1):
+    if SEG:
+        _segmented_rank(ids_ptr, counts_ptr, ctl_ptr, lkey_ptr, lpos_ptr, spos_ptr, plist_ptr, rlist_ptr, arr_ptr, segb_ptr,
+                        n, pid, P, K, PHASE, TILE, TILE_I)
+        if STOP == 2:
+            return
+    if ((PHASE == 0) | (PHASE == 1)) & (not SEG):
         for t in range(pid, tl.cdiv(n, TILE_I), P):
             idx = t * TILE_I + tl.arange(0, TILE_I)
             m = idx < n
@@ -217,7 +312,9 @@ def _lr_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, ctl_ptr, lkey_ptr, lpos_
                 tl.store(lpos_ptr + at, idx, mask=flag == 1)
         if PHASE == 0:
             _barrier(ctl_ptr + _B1, P)
-    if (PHASE == 0) | (PHASE == 2):
+        if STOP == 1:  # timing of the first phases only
+            return
+    if ((PHASE == 0) | (PHASE == 2)) & (not SEG):
         L = tl.atomic_add(ctl_ptr + _L, 0, sem="acquire", scope="gpu")
         for t in range(pid, tl.cdiv(L, TILE), P):
             j = t * TILE + ar
@@ -256,6 +353,8 @@ def _lr_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, ctl_ptr, lkey_ptr, lpos_
                 tl.store(rlist_ptr + at + 1, below, mask=first == 1)
         if PHASE == 0:
             _barrier(ctl_ptr + _B2, P)
+        if STOP == 2:  # timing of the first phases only
+            return
     if (PHASE == 0) | (PHASE == 3):
         num_p = tl.atomic_add(ctl_ptr + _P, 0, sem="acquire", scope="gpu")
         num_hb = tl.cdiv(hidden, BLOCK_H)
@@ -283,6 +382,8 @@ def _lr_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, ctl_ptr, lkey_ptr, lpos_
                 tl.store(scratch_ptr + srow.to(tl.int64) * hidden + cols, sacc, mask=m)
         if PHASE == 0:
             _barrier(ctl_ptr + _B3, P)
+        if STOP == 3:  # timing of the first phases only
+            return
     if (PHASE == 0) | (PHASE == 4):
         num_r = tl.atomic_add(ctl_ptr + _R, 0, sem="acquire", scope="gpu")
         num_fh = tl.cdiv(hidden, FOLD_H)
@@ -293,18 +394,18 @@ def _lr_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, ctl_ptr, lkey_ptr, lpos_
             key = tl.load(rlist_ptr + 2 * d)
             r0 = tl.load(rlist_ptr + 2 * d + 1)
             c = tl.load(counts_ptr + key)
-            num = tl.cdiv(c, _NROWS)
+            num = tl.where(c > _NROWS, tl.cdiv(c, _NROWS), 0)  # runs of one partial were added whole
             t_acc = tl.zeros([FOLD_H], tl.float32)
             for k0 in range(0, num, FOLD_BATCH):
-                kk = k0 + tl.arange(0, FOLD_BATCH)
-                srow = 2 * ((r0 + _NROWS * kk) // _NROWS) + (kk == 0).to(tl.int32)
-                block = tl.load(scratch_ptr + srow.to(tl.int64)[:, None] * hidden + cols[None, :],
-                                mask=(kk < num)[:, None] & m[None, :], other=0.0)
-                for q in tl.static_range(0, FOLD_BATCH):
-                    part = tl.sum(tl.where((tl.arange(0, FOLD_BATCH) == q)[:, None], block, 0.0), axis=0)
-                    t_acc = tl.where(k0 + q < num, t_acc + part, t_acc)
+                for q in tl.static_range(0, FOLD_BATCH):  # loads issued together, added in partial order
+                    k = k0 + q
+                    srow = 2 * ((r0 + _NROWS * k) // _NROWS) + (k == 0).to(tl.int32)
+                    part = tl.load(scratch_ptr + srow.to(tl.int64) * hidden + cols, mask=cols < tl.where(k < num, hidden, 0),
+                                   other=0.0)
+                    t_acc += part  # +0.0 past the last partial: t_acc is never -0.0, so no change
             row = main_ptr + key.to(tl.int64) * hidden + cols
-            tl.store(row, tl.load(row, mask=m) + _round_bf16(t_acc), mask=m)
+            keep = cols < tl.where(num > 0, hidden, 0)
+            tl.store(row, tl.load(row, mask=keep) + _round_bf16(t_acc), mask=keep)
 
 
 class HashPlan:
@@ -320,6 +421,8 @@ class HashPlan:
             self.plist = torch.empty(4 * n, dtype=torch.int32, device=device)
             self.rlist = torch.empty(2 * n, dtype=torch.int32, device=device)
             self.scratch = torch.empty(2 * (n // 10 + 1) + 2, hidden, dtype=torch.float32, device=device)
+            self.arr = torch.empty(n, dtype=torch.int32, device=device)  # arrival ranks ("seg")
+            self.segb = torch.empty(vocab, dtype=torch.int32, device=device)  # long ids' segment starts ("seg")
         self.table = torch.empty(vocab * K, dtype=torch.int32, device=device)
         self.warps = 1 if " w1" in name else 4
         self.block_h = 2048 if "h2048" in name else 1024
@@ -350,14 +453,19 @@ class HashPlan:
             self.counts.zero_()
             early = " early" in self.name
             _count_kernel[(counters,)](ids, self.counts, self.table, n, done, BLOCK=block, K=K, PDL=self.pdl, RELEASE=early,
-                                       num_warps=4)
+                                       num_warps=4, arr_ptr=self.arr if " seg" in self.name else None)
             lr_args = (ids, grad, main_grad, self.counts, ctl, self.lkey, self.lpos, self.spos, self.plist, self.rlist,
                        self.scratch, n, hidden)
-            lr_kw = dict(CHECK_ANY=" any" in self.name, K=K, TILE=self.lr_tile, TILE_I=self.lr_tile_i, BLOCK_H=1024, FOLD_H=256, FOLD_BATCH=8, num_warps=4)
+            segmented = " seg" in self.name
+            words = self.name.split()
+            fold_h = int(next((w[2:] for w in words if w.startswith("fh")), "256"))
+            fold_batch = int(next((w[2:] for w in words if w.startswith("fb")), "8"))
+            lr_kw = dict(SEG=segmented, arr_ptr=self.arr if segmented else None, segb_ptr=self.segb if segmented else None, STOP=int(next((w[4:] for w in words if w.startswith("stop")), "0")), CHECK_ANY=" any" in self.name, K=K, TILE=self.lr_tile, TILE_I=self.lr_tile_i, BLOCK_H=1024, FOLD_H=fold_h,
+                         FOLD_BATCH=fold_batch, num_warps=4)
             if self.pdl:
                 _lr_kernel[(lr * self.sms,)](*lr_args, PHASE=0, PDL=True, EARLY=early, launch_pdl=True, **lr_kw)
             else:  # the interpreter runs programs one at a time: one launch per phase, no barriers
-                for phase in (1, 2, 3, 4):
+                for phase in (1, 11, 12, 2, 3, 4) if segmented else (1, 2, 3, 4):
                     _lr_kernel[(lr * self.sms,)](*lr_args, PHASE=phase, PDL=False, **lr_kw)
             if " alone" in self.name:  # the count and the long route only: timing only
                 return
@@ -461,7 +569,7 @@ def cpu_check():
     rng = np.random.default_rng(0)
     from tests.cases import zipf_ids
 
-    for name in ["hash lr1", "hash any lr1", "hash lazy lr1", "count+stream w4", "count+stream lazy w4", "fused w4"]:
+    for name in ["hash seg lr1", "hash lr1", "hash any lr1", "hash lazy lr1", "count+stream w4", "count+stream lazy w4", "fused w4"]:
         for n in (40, 300, 700) if name.startswith("hash") else (40, 300):
             if name.startswith("hash"):  # long runs: of 9-10 tokens (one partial) and longer
                 ids_np = np.concatenate([zipf_ids(n - 19, vocab, seed=n), np.full(9, vocab - 1), np.full(10, vocab - 2)])
