@@ -11,7 +11,9 @@ long runs, so only points whose ids all occur at most K times are checked bit fo
 Variants (comma-separated names; all of VARIANTS when none): "hash" (the whole design: count,
 the long route kernel for ids that occur more than K times, stream; "lrN" N long-route programs
 per SM, at most 4: its grid barriers need every program resident; "tjA tiB" its rank tiles, "fhC fbD" its fold columns and batch; "stopN" (with "alone"): only its first N phases; "seg": its sort by segments (each long id's
-tokens placed at their arrival ranks, then ranked inside the segment only);
+tokens placed at their arrival ranks, then ranked inside the segment only); "queue" (with "seg"):
+the long partials and folds go to a queue that the stream's programs (after their own item) and
+the long route's take from ("lrtakes": on the CPU, the long route takes all);
 "any": it returns at once when no id is long; "early": the stream launches before the long route
 waits; "alone": no stream, timing only); "count+stream" (memset, count
 kernel, stream kernel with PDL; "lazy": rows loaded only where used, "w1" one warp, "h2048" 2048
@@ -40,7 +42,7 @@ from embwgrad_core import reference
 ON_GPU = torch.cuda.is_available()
 # The long route's control words (after the counts and the done counter, zeroed with them): long
 # tokens, partials, runs listed; three barrier counters; whether any id occurs more than K times.
-_L, _P, _R, _B1, _B2, _B3, _ANY, _B4, _B5 = (tl.constexpr(i) for i in range(9))
+_L, _P, _R, _B1, _B2, _B3, _ANY, _B4, _B5, _READY, _TAKEN, _DRAINED = (tl.constexpr(i) for i in range(12))
 K = 8  # slots per id; at most NROWS, so a run of at most K tokens is one partial
 
 
@@ -139,10 +141,84 @@ def _item(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, w, hidden, BLOCK_H
 
 
 @triton.jit
+def _long_work(grad_ptr, main_ptr, counts_ptr, ctl_ptr, spos_ptr, plist_ptr, rlist_ptr, scratch_ptr, arrive_ptr, hidden,
+               LONG_H: tl.constexpr, FOLD_H: tl.constexpr, FOLD_BATCH: tl.constexpr):
+    """Take long-route items from a queue until it is empty ("queue" variants): first every (partial,
+    LONG_H columns), then every (run, FOLD_H columns). A partial of a run of more than NROWS tokens
+    stores its sum and counts itself in the run's arrival counter (after a CTA barrier, with
+    release); a fold waits (acquire) until all of its run's partials have arrived: they were taken
+    before it, by programs that wait on nothing, so the wait ends."""
+    num_p = tl.load(ctl_ptr + _P)
+    num_r = tl.load(ctl_ptr + _R)
+    num_lh = tl.cdiv(hidden, LONG_H)
+    num_fh = tl.cdiv(hidden, FOLD_H)
+    part_items = num_p * num_lh
+    total = part_items + num_r * num_fh
+    w = tl.atomic_add(ctl_ptr + _TAKEN, 1)
+    while w < total:
+        if w < part_items:
+            d = w // num_lh
+            cols = (w % num_lh) * LONG_H + tl.arange(0, LONG_H)
+            m = cols < hidden
+            s0 = tl.load(plist_ptr + 4 * d)
+            length = tl.load(plist_ptr + 4 * d + 1)
+            key = tl.load(plist_ptr + 4 * d + 2)
+            r0 = tl.load(plist_ptr + 4 * d + 3)
+            q16 = tl.arange(0, 16)
+            ps = tl.load(spos_ptr + s0 + q16, mask=q16 < length, other=0)
+            sacc = tl.zeros([LONG_H], tl.float32)
+            for q in tl.static_range(0, 10):
+                pos = tl.sum(tl.where(q16 == q, ps, 0), axis=0)
+                sacc += tl.load(grad_ptr + pos.to(tl.int64) * hidden + cols, mask=cols < tl.where(q < length, hidden, 0),
+                                other=0.0).to(tl.float32)
+            c = tl.load(counts_ptr + key)
+            if c <= _NROWS:
+                row = main_ptr + key.to(tl.int64) * hidden + cols
+                tl.store(row, tl.load(row, mask=m) + _round_bf16(sacc), mask=m)
+            else:
+                k = (s0 - r0) // _NROWS
+                srow = 2 * (s0 // _NROWS) + (k == 0).to(tl.int32)
+                tl.store(scratch_ptr + srow.to(tl.int64) * hidden + cols, sacc, mask=m)
+                tl.debug_barrier()
+                tl.atomic_add(arrive_ptr + r0, 1, sem="release", scope="gpu")
+        else:
+            # (names apart from the partial branch's: Triton wants one type per name across branches)
+            f = w - part_items
+            fd = f // num_fh
+            fcols = (f % num_fh) * FOLD_H + tl.arange(0, FOLD_H)
+            fm = fcols < hidden
+            fkey = tl.load(rlist_ptr + 2 * fd)
+            fr0 = tl.load(rlist_ptr + 2 * fd + 1)
+            fc = tl.load(counts_ptr + fkey)
+            if fc > _NROWS:
+                num = tl.cdiv(fc, _NROWS)
+                while tl.atomic_add(arrive_ptr + fr0, 0, sem="acquire", scope="gpu") < num * num_lh:
+                    _nap()
+                t_acc = tl.zeros([FOLD_H], tl.float32)
+                for k0 in range(0, num, FOLD_BATCH):
+                    for q in tl.static_range(0, FOLD_BATCH):
+                        kf = k0 + q
+                        frow = 2 * ((fr0 + _NROWS * kf) // _NROWS) + (kf == 0).to(tl.int32)
+                        t_acc += tl.load(scratch_ptr + frow.to(tl.int64) * hidden + fcols,
+                                         mask=fcols < tl.where(kf < num, hidden, 0), other=0.0)
+                dst = main_ptr + fkey.to(tl.int64) * hidden + fcols
+                tl.store(dst, tl.load(dst, mask=fm) + _round_bf16(t_acc), mask=fm)
+        w = tl.atomic_add(ctl_ptr + _TAKEN, 1)
+    tl.store(ctl_ptr + _DRAINED, 1)
+
+
+@triton.jit
 def _stream_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, hidden, done_ptr, num_counters, BLOCK_H: tl.constexpr,
-                   K: tl.constexpr, WAIT: tl.constexpr, LAZY: tl.constexpr):
+                   K: tl.constexpr, WAIT: tl.constexpr, LAZY: tl.constexpr, QUEUE: tl.constexpr = False, ctl_ptr=None,
+                   spos_ptr=None, plist_ptr=None, rlist_ptr=None, scratch_ptr=None, arrive_ptr=None, LONG_H: tl.constexpr = 256,
+                   FOLD_H: tl.constexpr = 128, FOLD_BATCH: tl.constexpr = 16):
     _item(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, tl.program_id(0), hidden, BLOCK_H, K, WAIT, done_ptr,
           num_counters, LAZY)
+    if QUEUE:  # then long-route items, once the long route has sorted (plain loads first: no atomics while nothing is ready)
+        if (tl.load(ctl_ptr + _READY, volatile=True) > 0) & (tl.load(ctl_ptr + _DRAINED, volatile=True) == 0):
+            if tl.atomic_add(ctl_ptr + _READY, 0, sem="acquire", scope="gpu") > 0:
+                _long_work(grad_ptr, main_ptr, counts_ptr, ctl_ptr, spos_ptr, plist_ptr, rlist_ptr, scratch_ptr, arrive_ptr,
+                           hidden, LONG_H, FOLD_H, FOLD_BATCH)
     if (WAIT == 3) | (WAIT == 4):  # launched after the long route: wait for it at the end only (stream order)
         if tl.program_id(0) == 0:
             gdc_wait()
@@ -177,6 +253,8 @@ def _fused_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, n, hidden,
 # the scratch row embwgrad_core.partial_row gives; (4) fold each (run, columns) in partial order
 # and add. Control words (after the counts, zeroed by the same memset):
 _NROWS = tl.constexpr(10)
+_QUEUE_LONG_H = tl.constexpr(256)  # "queue": columns of a long partial item, and of a fold item
+_QUEUE_FOLD_H = tl.constexpr(128)
 
 
 @triton.jit
@@ -189,7 +267,7 @@ def _barrier(ctr_ptr, target):
 
 @triton.jit
 def _segmented_rank(ids_ptr, counts_ptr, ctl_ptr, skey_ptr, sp_ptr, spos_ptr, plist_ptr, rlist_ptr, arr_ptr, segb_ptr, n, pid,
-                    P, K: tl.constexpr, PHASE: tl.constexpr, TILE: tl.constexpr, TILE_I: tl.constexpr):
+                    P, K: tl.constexpr, PHASE: tl.constexpr, TILE: tl.constexpr, TILE_I: tl.constexpr, arrive_ptr=None):
     """The long route's sort, by segments: (1) list each long id once (its first arrival) ->
     barrier -> (11) program 0 gives each listed id a segment of its count (a prefix over the
     list) -> (12) every long token goes to its segment at its arrival rank -> barrier -> (2) each
@@ -220,6 +298,8 @@ def _segmented_rank(ids_ptr, counts_ptr, ctl_ptr, skey_ptr, sp_ptr, spos_ptr, pl
                 base = acc + tl.cumsum(c, axis=0) - c
                 tl.store(rlist_ptr + 2 * r + 1, base, mask=mr)
                 tl.store(segb_ptr + key, base, mask=mr)
+                if arrive_ptr is not None:
+                    tl.store(arrive_ptr + base, tl.zeros([TILE_I], tl.int32), mask=mr)
                 acc += tl.sum(c, axis=0)
             tl.store(ctl_ptr + _L, acc)
             if PHASE == 0:
@@ -278,7 +358,8 @@ def _segmented_rank(ids_ptr, counts_ptr, ctl_ptr, skey_ptr, sp_ptr, spos_ptr, pl
 def _lr_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, ctl_ptr, lkey_ptr, lpos_ptr, spos_ptr, plist_ptr, rlist_ptr,
                scratch_ptr, n, hidden, K: tl.constexpr, PHASE: tl.constexpr, PDL: tl.constexpr, TILE: tl.constexpr, TILE_I: tl.constexpr,
                BLOCK_H: tl.constexpr, FOLD_H: tl.constexpr, FOLD_BATCH: tl.constexpr, EARLY: tl.constexpr = False,
-               CHECK_ANY: tl.constexpr = False, STOP: tl.constexpr = 0, arr_ptr=None, segb_ptr=None, SEG: tl.constexpr = False):
+               CHECK_ANY: tl.constexpr = False, STOP: tl.constexpr = 0, arr_ptr=None, segb_ptr=None, SEG: tl.constexpr = False,
+               QUEUE: tl.constexpr = False, arrive_ptr=None):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     if PDL:
@@ -294,8 +375,16 @@ def _lr_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, ctl_ptr, lkey_ptr, lpos_
             return
     if SEG:
         _segmented_rank(ids_ptr, counts_ptr, ctl_ptr, lkey_ptr, lpos_ptr, spos_ptr, plist_ptr, rlist_ptr, arr_ptr, segb_ptr,
-                        n, pid, P, K, PHASE, TILE, TILE_I)
+                        n, pid, P, K, PHASE, TILE, TILE_I, arrive_ptr)
         if STOP == 2:
+            return
+        if QUEUE:
+            if ((PHASE == 0) | (PHASE == 5) | (PHASE == 6)) & (pid == 0):  # 6: publish only (the interpreter)
+                tl.atomic_xchg(ctl_ptr + _READY, 1, sem="release", scope="gpu")
+            if (PHASE == 0) | (PHASE == 5):
+                tl.atomic_add(ctl_ptr + _READY, 0, sem="acquire", scope="gpu")
+                _long_work(grad_ptr, main_ptr, counts_ptr, ctl_ptr, spos_ptr, plist_ptr, rlist_ptr, scratch_ptr, arrive_ptr,
+                           hidden, _QUEUE_LONG_H, _QUEUE_FOLD_H, FOLD_BATCH)
             return
     if ((PHASE == 0) | (PHASE == 1)) & (not SEG):
         for t in range(pid, tl.cdiv(n, TILE_I), P):
@@ -423,6 +512,7 @@ class HashPlan:
             self.scratch = torch.empty(2 * (n // 10 + 1) + 2, hidden, dtype=torch.float32, device=device)
             self.arr = torch.empty(n, dtype=torch.int32, device=device)  # arrival ranks ("seg")
             self.segb = torch.empty(vocab, dtype=torch.int32, device=device)  # long ids' segment starts ("seg")
+            self.arrive = torch.empty(n, dtype=torch.int32, device=device)  # per run (at its segment start): partials done ("queue")
         self.table = torch.empty(vocab * K, dtype=torch.int32, device=device)
         self.warps = 1 if " w1" in name else 4
         self.block_h = 2048 if "h2048" in name else 1024
@@ -444,7 +534,7 @@ class HashPlan:
                                      **({"launch_pdl": True} if self.pdl else {}))
         elif self.name.startswith("hash"):
             # the whole design: count, the long route (PDL), the stream (PDL, waits at its end only)
-            lr = int(next((w[2:] for w in self.name.split() if w.startswith("lr")), "2"))
+            lr = int(next((w[2:] for w in self.name.split() if w.startswith("lr") and w[2:].isdigit()), "2"))
             if lr > 4:  # 127 registers at 4 warps: 4 programs fill an SM, and a grid barrier with more hangs
                 raise ValueError(f"{self.name}: at most 4 long-route programs per SM")
             self.lr_tile = int(next((w[2:] for w in self.name.split() if w.startswith("tj")), "16"))
@@ -460,18 +550,22 @@ class HashPlan:
             words = self.name.split()
             fold_h = int(next((w[2:] for w in words if w.startswith("fh")), "256"))
             fold_batch = int(next((w[2:] for w in words if w.startswith("fb")), "8"))
-            lr_kw = dict(SEG=segmented, arr_ptr=self.arr if segmented else None, segb_ptr=self.segb if segmented else None, STOP=int(next((w[4:] for w in words if w.startswith("stop")), "0")), CHECK_ANY=" any" in self.name, K=K, TILE=self.lr_tile, TILE_I=self.lr_tile_i, BLOCK_H=1024, FOLD_H=fold_h,
+            queue = " queue" in self.name
+            lr_kw = dict(QUEUE=queue, arrive_ptr=self.arrive if queue else None, SEG=segmented, arr_ptr=self.arr if segmented else None, segb_ptr=self.segb if segmented else None, STOP=int(next((w[4:] for w in words if w.startswith("stop")), "0")), CHECK_ANY=" any" in self.name, K=K, TILE=self.lr_tile, TILE_I=self.lr_tile_i, BLOCK_H=1024, FOLD_H=fold_h,
                          FOLD_BATCH=fold_batch, num_warps=4)
             if self.pdl:
                 _lr_kernel[(lr * self.sms,)](*lr_args, PHASE=0, PDL=True, EARLY=early, launch_pdl=True, **lr_kw)
             else:  # the interpreter runs programs one at a time: one launch per phase, no barriers
-                for phase in (1, 11, 12, 2, 3, 4) if segmented else (1, 2, 3, 4):
+                phases = (1, 11, 12, 2) + (((5,) if "lrtakes" in self.name else (6,)) if queue else (3, 4))
+                for phase in phases if segmented else (1, 2, 3, 4):
                     _lr_kernel[(lr * self.sms,)](*lr_args, PHASE=phase, PDL=False, **lr_kw)
             if " alone" in self.name:  # the count and the long route only: timing only
                 return
+            qargs = dict(QUEUE=True, ctl_ptr=ctl, spos_ptr=self.spos, plist_ptr=self.plist, rlist_ptr=self.rlist,
+                         scratch_ptr=self.scratch, arrive_ptr=self.arrive, FOLD_BATCH=fold_batch) if queue else {}
             _stream_kernel[(items,)](ids, grad, main_grad, self.counts, self.table, hidden, done, counters,
                                      BLOCK_H=self.block_h, K=K, WAIT=(4 if early else 3) if self.pdl else 0, LAZY=lazy,
-                                     num_warps=self.warps, **({"launch_pdl": True} if self.pdl else {}))
+                                     num_warps=self.warps, **qargs, **({"launch_pdl": True} if self.pdl else {}))
         elif self.name.startswith("empty"):
             # "empty 3 after" / "empty 3 before": count, stream and three kernels that find nothing to do
             self.counts.zero_()
@@ -569,7 +663,7 @@ def cpu_check():
     rng = np.random.default_rng(0)
     from tests.cases import zipf_ids
 
-    for name in ["hash seg lr1", "hash lr1", "hash any lr1", "hash lazy lr1", "count+stream w4", "count+stream lazy w4", "fused w4"]:
+    for name in ["hash seg queue lr1", "hash seg queue lrtakes lr1", "hash seg lr1", "hash lr1", "hash any lr1", "hash lazy lr1", "count+stream w4", "count+stream lazy w4", "fused w4"]:
         for n in (40, 300, 700) if name.startswith("hash") else (40, 300):
             if name.startswith("hash"):  # long runs: of 9-10 tokens (one partial) and longer
                 ids_np = np.concatenate([zipf_ids(n - 19, vocab, seed=n), np.full(9, vocab - 1), np.full(10, vocab - 2)])
