@@ -13,7 +13,8 @@ the long route kernel for ids that occur more than K times, stream; "lrN" N long
 per SM, at most 4: its grid barriers need every program resident; "tjA tiB" its rank tiles, "fhC fbD" its fold columns and batch; "stopN" (with "alone"): only its first N phases; "seg": its sort by segments (each long id's
 tokens placed at their arrival ranks, then ranked inside the segment only); "queue" (with "seg"):
 the long partials and folds go to a queue that the stream's programs (after their own item) and
-the long route's take from ("lrtakes": on the CPU, the long route takes all);
+the long route's take from ("lrtakes": on the CPU, the long route takes all; "lronly": the
+stream never looks, the long route takes all; "everyN": only every N-th stream program looks);
 "any": it returns at once when no id is long; "early": the stream launches before the long route
 waits; "alone": no stream, timing only); "count+stream" (memset, count
 kernel, stream kernel with PDL; "lazy": rows loaded only where used, "w1" one warp, "h2048" 2048
@@ -211,10 +212,13 @@ def _long_work(grad_ptr, main_ptr, counts_ptr, ctl_ptr, spos_ptr, plist_ptr, rli
 def _stream_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, hidden, done_ptr, num_counters, BLOCK_H: tl.constexpr,
                    K: tl.constexpr, WAIT: tl.constexpr, LAZY: tl.constexpr, QUEUE: tl.constexpr = False, ctl_ptr=None,
                    spos_ptr=None, plist_ptr=None, rlist_ptr=None, scratch_ptr=None, arrive_ptr=None, LONG_H: tl.constexpr = 256,
-                   FOLD_H: tl.constexpr = 128, FOLD_BATCH: tl.constexpr = 16):
+                   FOLD_H: tl.constexpr = 128, FOLD_BATCH: tl.constexpr = 16, QUEUE_EVERY: tl.constexpr = 1):
     _item(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, tl.program_id(0), hidden, BLOCK_H, K, WAIT, done_ptr,
           num_counters, LAZY)
-    if QUEUE:  # then long-route items, once the long route has sorted (plain loads first: no atomics while nothing is ready)
+    # Then long-route items, once the long route has sorted (plain loads first: no atomics while
+    # nothing is ready); only every QUEUE_EVERY-th program looks (v15 item 10: all of them crowd
+    # the word's L2 slice).
+    if QUEUE & (tl.program_id(0) % QUEUE_EVERY == 0):
         if (tl.load(ctl_ptr + _READY, volatile=True) > 0) & (tl.load(ctl_ptr + _DRAINED, volatile=True) == 0):
             if tl.atomic_add(ctl_ptr + _READY, 0, sem="acquire", scope="gpu") > 0:
                 _long_work(grad_ptr, main_ptr, counts_ptr, ctl_ptr, spos_ptr, plist_ptr, rlist_ptr, scratch_ptr, arrive_ptr,
@@ -556,13 +560,15 @@ class HashPlan:
             if self.pdl:
                 _lr_kernel[(lr * self.sms,)](*lr_args, PHASE=0, PDL=True, EARLY=early, launch_pdl=True, **lr_kw)
             else:  # the interpreter runs programs one at a time: one launch per phase, no barriers
-                phases = (1, 11, 12, 2) + (((5,) if "lrtakes" in self.name else (6,)) if queue else (3, 4))
+                phases = (1, 11, 12, 2) + (((5,) if "lrtakes" in self.name or "lronly" in self.name else (6,)) if queue else (3, 4))
                 for phase in phases if segmented else (1, 2, 3, 4):
                     _lr_kernel[(lr * self.sms,)](*lr_args, PHASE=phase, PDL=False, **lr_kw)
             if " alone" in self.name:  # the count and the long route only: timing only
                 return
+            every = int(next((w[5:] for w in words if w.startswith("every") and w[5:].isdigit()), "1"))
             qargs = dict(QUEUE=True, ctl_ptr=ctl, spos_ptr=self.spos, plist_ptr=self.plist, rlist_ptr=self.rlist,
-                         scratch_ptr=self.scratch, arrive_ptr=self.arrive, FOLD_BATCH=fold_batch) if queue else {}
+                         scratch_ptr=self.scratch, arrive_ptr=self.arrive, FOLD_BATCH=fold_batch,
+                         QUEUE_EVERY=every) if queue and "lronly" not in self.name else {}
             _stream_kernel[(items,)](ids, grad, main_grad, self.counts, self.table, hidden, done, counters,
                                      BLOCK_H=self.block_h, K=K, WAIT=(4 if early else 3) if self.pdl else 0, LAZY=lazy,
                                      num_warps=self.warps, **qargs, **({"launch_pdl": True} if self.pdl else {}))
@@ -663,7 +669,7 @@ def cpu_check():
     rng = np.random.default_rng(0)
     from tests.cases import zipf_ids
 
-    for name in ["hash seg queue lr1", "hash seg queue lrtakes lr1", "hash seg lr1", "hash lr1", "hash any lr1", "hash lazy lr1", "count+stream w4", "count+stream lazy w4", "fused w4"]:
+    for name in ["hash seg queue lr1", "hash seg queue lrtakes lr1", "hash seg queue lronly lr1", "hash seg queue every3 lr1", "hash seg lr1", "hash lr1", "hash any lr1", "hash lazy lr1", "count+stream w4", "count+stream lazy w4", "fused w4"]:
         for n in (40, 300, 700) if name.startswith("hash") else (40, 300):
             if name.startswith("hash"):  # long runs: of 9-10 tokens (one partial) and longer
                 ids_np = np.concatenate([zipf_ids(n - 19, vocab, seed=n), np.full(9, vocab - 1), np.full(10, vocab - 2)])
