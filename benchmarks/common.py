@@ -48,6 +48,16 @@ def floor_bytes(ids: np.ndarray, hidden: int, grad_bytes: int = 2, main_grad_byt
     return ids.size * hidden * grad_bytes + 2 * np.unique(ids).size * hidden * main_grad_bytes
 
 
+def print_table(table: dict, head: str = "us", scale: float = 1.0) -> None:
+    """A probe's figures as a Markdown table: {(n, dist): {name: value}} -> one column per point,
+    one row per name (the first point's names, in order), each value times scale to one decimal."""
+    names = list(next(iter(table.values())))
+    print(f"| {head} | " + " | ".join(f"{n} {d}" for n, d in table) + " |")
+    print("|---" * (len(table) + 1) + "|")
+    for k in names:
+        print(f"| {k} | " + " | ".join(f"{table[p][k] * scale:.1f}" for p in table) + " |")
+
+
 def parse_args(argv=None):
     import argparse
 

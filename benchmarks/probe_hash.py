@@ -39,6 +39,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from embwgrad_core import reference
+from torch_frontend.embedding_wgrad import _add_to_row, _partial_row, _round, _wait_for
 
 ON_GPU = torch.cuda.is_available()
 # The long route's control words (after the counts and the done counter, zeroed with them): long
@@ -47,12 +48,9 @@ _L, _P, _R, _B1, _B2, _B3, _ANY, _B4, _B5, _READY, _TAKEN, _DRAINED = (tl.conste
 K = 8  # slots per id; at most NROWS, so a run of at most K tokens is one partial
 
 
-@triton.jit
-def _round_bf16(x):
-    bits = x.to(tl.uint32, bitcast=True)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-    rounded = tl.where(x != x, ((bits | 0x400000) >> 16) << 16, rounded)
-    return rounded.to(tl.float32, bitcast=True)
+# Rounding codes of torch_frontend's _round and _add_to_row: bf16 grad, fp32 main_grad.
+_BF16 = tl.constexpr(1)
+_FP32 = tl.constexpr(0)
 
 
 @triton.jit
@@ -116,15 +114,13 @@ def _item(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, w, hidden, BLOCK_H
     if WAIT == 1:
         gdc_wait()
     elif (WAIT == 2) | (WAIT == 4):
-        while tl.atomic_add(done_ptr, 0, sem="acquire", scope="gpu") < num_counters:
-            pass
+        _wait_for(done_ptr, num_counters)
     c = tl.load(counts_ptr + key)
-    row = main_ptr + key * hidden + cols
+    row = main_ptr + key * hidden
     if c == 1:
         if LAZY:
             g = tl.load(grad_row, mask=m).to(tl.float32)
-        old = tl.load(row, mask=m)
-        tl.store(row, old + _round_bf16(g + 0.0), mask=m)  # fp32 main_grad: one add, no rounding
+        _add_to_row(row, cols, m, _round(g + 0.0, _BF16), _FP32)
     elif c <= K:
         slots = tl.arange(0, K)
         p = tl.load(table_ptr + key * K + slots, mask=slots < c, other=2147483647)
@@ -137,8 +133,59 @@ def _item(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, w, hidden, BLOCK_H
                 if j < c:
                     pj = tl.sum(tl.where(rank == j, p, 0), axis=0)
                     s += tl.load(grad_ptr + pj.to(tl.int64) * hidden + cols, mask=m).to(tl.float32)
-            old = tl.load(row, mask=m)
-            tl.store(row, old + _round_bf16(s), mask=m)
+            _add_to_row(row, cols, m, _round(s, _BF16), _FP32)
+
+
+@triton.jit
+def _long_partial(grad_ptr, main_ptr, counts_ptr, spos_ptr, plist_ptr, scratch_ptr, d, cols, hidden, arrive_ptr=None):
+    """Partial d of the list over these columns: its at most NROWS rows summed from +0 in slot
+    order (every row's load issued before the adds: masked, not branched). A run of one partial
+    adds into main_grad; the others store the sum at their scratch row and, with arrive_ptr,
+    count themselves in the run's arrival counter (after a CTA barrier, with release)."""
+    m = cols < hidden
+    s0 = tl.load(plist_ptr + 4 * d)
+    length = tl.load(plist_ptr + 4 * d + 1)
+    key = tl.load(plist_ptr + 4 * d + 2)
+    r0 = tl.load(plist_ptr + 4 * d + 3)
+    q16 = tl.arange(0, 16)
+    ps = tl.load(spos_ptr + s0 + q16, mask=q16 < length, other=0)
+    sacc = tl.zeros(cols.shape, tl.float32)
+    for q in tl.static_range(0, 10):
+        pos = tl.sum(tl.where(q16 == q, ps, 0), axis=0)
+        sacc += tl.load(grad_ptr + pos.to(tl.int64) * hidden + cols, mask=cols < tl.where(q < length, hidden, 0),
+                        other=0.0).to(tl.float32)
+    c = tl.load(counts_ptr + key)
+    if c <= _NROWS:
+        _add_to_row(main_ptr + key.to(tl.int64) * hidden, cols, m, _round(sacc, _BF16), _FP32)
+    else:
+        srow = _partial_row(r0, (s0 - r0) // _NROWS, False, _NROWS)
+        tl.store(scratch_ptr + srow.to(tl.int64) * hidden + cols, sacc, mask=m)
+        if arrive_ptr is not None:
+            tl.debug_barrier()
+            tl.atomic_add(arrive_ptr + r0, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _long_fold(main_ptr, counts_ptr, rlist_ptr, scratch_ptr, d, cols, hidden, FOLD_BATCH: tl.constexpr, arrive_ptr=None,
+               arrivals_per_partial=0):
+    """Run d of the list over these columns, if it has more than one partial: its partials added
+    in order from +0 (loads issued together, FOLD_BATCH at a time), then into main_grad. With
+    arrive_ptr, first waits (acquire) until all its partials have counted themselves."""
+    key = tl.load(rlist_ptr + 2 * d)
+    r0 = tl.load(rlist_ptr + 2 * d + 1)
+    c = tl.load(counts_ptr + key)
+    if c > _NROWS:
+        num = tl.cdiv(c, _NROWS)
+        if arrive_ptr is not None:
+            _wait_napping(arrive_ptr + r0, num * arrivals_per_partial)
+        t_acc = tl.zeros(cols.shape, tl.float32)
+        for k0 in range(0, num, FOLD_BATCH):
+            for q in tl.static_range(0, FOLD_BATCH):
+                k = k0 + q
+                srow = _partial_row(r0, k, False, _NROWS)
+                t_acc += tl.load(scratch_ptr + srow.to(tl.int64) * hidden + cols, mask=cols < tl.where(k < num, hidden, 0),
+                                 other=0.0)  # +0.0 past the last partial: t_acc is never -0.0, so no change
+        _add_to_row(main_ptr + key.to(tl.int64) * hidden, cols, cols < hidden, _round(t_acc, _BF16), _FP32)
 
 
 @triton.jit
@@ -158,52 +205,12 @@ def _long_work(grad_ptr, main_ptr, counts_ptr, ctl_ptr, spos_ptr, plist_ptr, rli
     w = tl.atomic_add(ctl_ptr + _TAKEN, 1)
     while w < total:
         if w < part_items:
-            d = w // num_lh
-            cols = (w % num_lh) * LONG_H + tl.arange(0, LONG_H)
-            m = cols < hidden
-            s0 = tl.load(plist_ptr + 4 * d)
-            length = tl.load(plist_ptr + 4 * d + 1)
-            key = tl.load(plist_ptr + 4 * d + 2)
-            r0 = tl.load(plist_ptr + 4 * d + 3)
-            q16 = tl.arange(0, 16)
-            ps = tl.load(spos_ptr + s0 + q16, mask=q16 < length, other=0)
-            sacc = tl.zeros([LONG_H], tl.float32)
-            for q in tl.static_range(0, 10):
-                pos = tl.sum(tl.where(q16 == q, ps, 0), axis=0)
-                sacc += tl.load(grad_ptr + pos.to(tl.int64) * hidden + cols, mask=cols < tl.where(q < length, hidden, 0),
-                                other=0.0).to(tl.float32)
-            c = tl.load(counts_ptr + key)
-            if c <= _NROWS:
-                row = main_ptr + key.to(tl.int64) * hidden + cols
-                tl.store(row, tl.load(row, mask=m) + _round_bf16(sacc), mask=m)
-            else:
-                k = (s0 - r0) // _NROWS
-                srow = 2 * (s0 // _NROWS) + (k == 0).to(tl.int32)
-                tl.store(scratch_ptr + srow.to(tl.int64) * hidden + cols, sacc, mask=m)
-                tl.debug_barrier()
-                tl.atomic_add(arrive_ptr + r0, 1, sem="release", scope="gpu")
+            _long_partial(grad_ptr, main_ptr, counts_ptr, spos_ptr, plist_ptr, scratch_ptr, w // num_lh,
+                          (w % num_lh) * LONG_H + tl.arange(0, LONG_H), hidden, arrive_ptr)
         else:
-            # (names apart from the partial branch's: Triton wants one type per name across branches)
             f = w - part_items
-            fd = f // num_fh
-            fcols = (f % num_fh) * FOLD_H + tl.arange(0, FOLD_H)
-            fm = fcols < hidden
-            fkey = tl.load(rlist_ptr + 2 * fd)
-            fr0 = tl.load(rlist_ptr + 2 * fd + 1)
-            fc = tl.load(counts_ptr + fkey)
-            if fc > _NROWS:
-                num = tl.cdiv(fc, _NROWS)
-                while tl.atomic_add(arrive_ptr + fr0, 0, sem="acquire", scope="gpu") < num * num_lh:
-                    _nap()
-                t_acc = tl.zeros([FOLD_H], tl.float32)
-                for k0 in range(0, num, FOLD_BATCH):
-                    for q in tl.static_range(0, FOLD_BATCH):
-                        kf = k0 + q
-                        frow = 2 * ((fr0 + _NROWS * kf) // _NROWS) + (kf == 0).to(tl.int32)
-                        t_acc += tl.load(scratch_ptr + frow.to(tl.int64) * hidden + fcols,
-                                         mask=fcols < tl.where(kf < num, hidden, 0), other=0.0)
-                dst = main_ptr + fkey.to(tl.int64) * hidden + fcols
-                tl.store(dst, tl.load(dst, mask=fm) + _round_bf16(t_acc), mask=fm)
+            _long_fold(main_ptr, counts_ptr, rlist_ptr, scratch_ptr, f // num_fh, (f % num_fh) * FOLD_H + tl.arange(0, FOLD_H),
+                       hidden, FOLD_BATCH, arrive_ptr, num_lh)
         w = tl.atomic_add(ctl_ptr + _TAKEN, 1)
     tl.store(ctl_ptr + _DRAINED, 1)
 
@@ -262,11 +269,41 @@ _QUEUE_FOLD_H = tl.constexpr(128)
 
 
 @triton.jit
+def _wait_napping(ctr_ptr, target):
+    """torch_frontend's _wait_for (acquire), with a nap between polls."""
+    while tl.atomic_add(ctr_ptr, 0, sem="acquire", scope="gpu") < target:
+        _nap()
+
+
+@triton.jit
 def _barrier(ctr_ptr, target):
     tl.debug_barrier()
     tl.atomic_add(ctr_ptr, 1, sem="release", scope="gpu")
-    while tl.atomic_add(ctr_ptr, 0, sem="acquire", scope="gpu") < target:
-        _nap()
+    _wait_napping(ctr_ptr, target)
+
+
+@triton.jit
+def _append_at(flags, counter_ptr):
+    """Places in a list for the flagged lanes (int32 0/1): one atomic on the list's counter for all
+    of them (none when none is flagged), the order among them by cumsum."""
+    total = tl.sum(flags, axis=0)
+    base = total * 0
+    if total > 0:
+        base = tl.atomic_add(counter_ptr, total)
+    return base + tl.cumsum(flags, axis=0) - flags
+
+
+@triton.jit
+def _list_partials(ctl_ptr, plist_ptr, live, key, slot, run_first, count):
+    """List (first sorted slot, rows, key, run's first sorted slot) for each live entry that starts
+    a partial: its slot in its run (sorted by position) is a multiple of NROWS."""
+    head = (live & (slot % _NROWS == 0)).to(tl.int32)
+    at = _append_at(head, ctl_ptr + _P) * 4
+    hm = head == 1
+    tl.store(plist_ptr + at, run_first + slot, mask=hm)
+    tl.store(plist_ptr + at + 1, tl.minimum(count - slot, _NROWS), mask=hm)
+    tl.store(plist_ptr + at + 2, key, mask=hm)
+    tl.store(plist_ptr + at + 3, run_first, mask=hm)
 
 
 @triton.jit
@@ -284,10 +321,7 @@ def _segmented_rank(ids_ptr, counts_ptr, ctl_ptr, skey_ptr, sp_ptr, spos_ptr, pl
             key = tl.load(ids_ptr + idx, mask=m, other=0).to(tl.int32)
             c = tl.load(counts_ptr + key, mask=m, other=0)
             first = (m & (c > K) & (tl.load(arr_ptr + idx, mask=m, other=1) == 0)).to(tl.int32)
-            total = tl.sum(first, axis=0)
-            if total > 0:
-                base = tl.atomic_add(ctl_ptr + _R, total)
-                tl.store(rlist_ptr + 2 * (base + tl.cumsum(first, axis=0) - first), key, mask=first == 1)
+            tl.store(rlist_ptr + 2 * _append_at(first, ctl_ptr + _R), key, mask=first == 1)
         if PHASE == 0:
             _barrier(ctl_ptr + _B1, P)
     if (PHASE == 0) | (PHASE == 11):
@@ -310,8 +344,7 @@ def _segmented_rank(ids_ptr, counts_ptr, ctl_ptr, skey_ptr, sp_ptr, spos_ptr, pl
                 tl.debug_barrier()
                 tl.atomic_add(ctl_ptr + _B4, 1, sem="release", scope="gpu")
         if PHASE == 0:
-            while tl.atomic_add(ctl_ptr + _B4, 0, sem="acquire", scope="gpu") < 1:
-                _nap()
+            _wait_napping(ctl_ptr + _B4, 1)
     if (PHASE == 0) | (PHASE == 12):
         for t in range(pid, tl.cdiv(n, TILE_I), P):
             idx = t * TILE_I + tl.arange(0, TILE_I)
@@ -344,16 +377,7 @@ def _segmented_rank(ids_ptr, counts_ptr, ctl_ptr, skey_ptr, sp_ptr, spos_ptr, pl
                 pi = tl.load(sp_ptr + i, mask=mi, other=0)
                 place += tl.sum(((ki[None, :] == kj[:, None]) & (pi[None, :] < pj[:, None])).to(tl.int32), axis=1)
             tl.store(spos_ptr + bj + place, pj, mask=mj)
-            head = (mj & (place % _NROWS == 0)).to(tl.int32)
-            heads = tl.sum(head, axis=0)
-            if heads > 0:
-                base = tl.atomic_add(ctl_ptr + _P, heads)
-                at = (base + tl.cumsum(head, axis=0) - head) * 4
-                hm = head == 1
-                tl.store(plist_ptr + at, bj + place, mask=hm)
-                tl.store(plist_ptr + at + 1, tl.minimum(c - place, _NROWS), mask=hm)
-                tl.store(plist_ptr + at + 2, kj, mask=hm)
-                tl.store(plist_ptr + at + 3, bj, mask=hm)
+            _list_partials(ctl_ptr, plist_ptr, mj, kj, place, bj, c)
         if PHASE == 0:
             _barrier(ctl_ptr + _B2, P)
 
@@ -397,12 +421,9 @@ def _lr_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, ctl_ptr, lkey_ptr, lpos_
             key = tl.load(ids_ptr + idx, mask=m, other=0).to(tl.int32)
             c = tl.load(counts_ptr + key, mask=m, other=0)
             flag = (m & (c > K)).to(tl.int32)
-            total = tl.sum(flag, axis=0)
-            if total > 0:
-                base = tl.atomic_add(ctl_ptr + _L, total)
-                at = base + tl.cumsum(flag, axis=0) - flag
-                tl.store(lkey_ptr + at, key, mask=flag == 1)
-                tl.store(lpos_ptr + at, idx, mask=flag == 1)
+            at = _append_at(flag, ctl_ptr + _L)
+            tl.store(lkey_ptr + at, key, mask=flag == 1)
+            tl.store(lpos_ptr + at, idx, mask=flag == 1)
         if PHASE == 0:
             _barrier(ctl_ptr + _B1, P)
         if STOP == 1:  # timing of the first phases only
@@ -427,23 +448,11 @@ def _lr_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, ctl_ptr, lkey_ptr, lpos_
             tl.store(spos_ptr + rank, pj, mask=mj)
             c = tl.load(counts_ptr + kj, mask=mj, other=0)
             slot = rank - below
-            head = (mj & (slot % _NROWS == 0)).to(tl.int32)
-            heads = tl.sum(head, axis=0)
-            if heads > 0:
-                base = tl.atomic_add(ctl_ptr + _P, heads)
-                at = (base + tl.cumsum(head, axis=0) - head) * 4
-                hm = head == 1
-                tl.store(plist_ptr + at, rank, mask=hm)
-                tl.store(plist_ptr + at + 1, tl.minimum(c - slot, _NROWS), mask=hm)
-                tl.store(plist_ptr + at + 2, kj, mask=hm)
-                tl.store(plist_ptr + at + 3, below, mask=hm)
+            _list_partials(ctl_ptr, plist_ptr, mj, kj, slot, below, c)
             first = (mj & (slot == 0) & (c > _NROWS)).to(tl.int32)
-            firsts = tl.sum(first, axis=0)
-            if firsts > 0:
-                base = tl.atomic_add(ctl_ptr + _R, firsts)
-                at = (base + tl.cumsum(first, axis=0) - first) * 2
-                tl.store(rlist_ptr + at, kj, mask=first == 1)
-                tl.store(rlist_ptr + at + 1, below, mask=first == 1)
+            at = _append_at(first, ctl_ptr + _R) * 2
+            tl.store(rlist_ptr + at, kj, mask=first == 1)
+            tl.store(rlist_ptr + at + 1, below, mask=first == 1)
         if PHASE == 0:
             _barrier(ctl_ptr + _B2, P)
         if STOP == 2:  # timing of the first phases only
@@ -452,27 +461,8 @@ def _lr_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, ctl_ptr, lkey_ptr, lpos_
         num_p = tl.atomic_add(ctl_ptr + _P, 0, sem="acquire", scope="gpu")
         num_hb = tl.cdiv(hidden, BLOCK_H)
         for w in range(pid, num_p * num_hb, P):
-            d = w // num_hb
-            cols = (w % num_hb) * BLOCK_H + tl.arange(0, BLOCK_H)
-            m = cols < hidden
-            s0 = tl.load(plist_ptr + 4 * d)
-            length = tl.load(plist_ptr + 4 * d + 1)
-            key = tl.load(plist_ptr + 4 * d + 2)
-            r0 = tl.load(plist_ptr + 4 * d + 3)
-            sacc = tl.zeros([BLOCK_H], tl.float32)
-            q16 = tl.arange(0, 16)
-            ps = tl.load(spos_ptr + s0 + q16, mask=q16 < length, other=0)
-            for q in tl.static_range(0, 10):  # every row's load issued before the adds (masked, not branched)
-                pos = tl.sum(tl.where(q16 == q, ps, 0), axis=0)
-                sacc += tl.load(grad_ptr + pos.to(tl.int64) * hidden + cols, mask=cols < tl.where(q < length, hidden, 0), other=0.0).to(tl.float32)
-            c = tl.load(counts_ptr + key)
-            if c <= _NROWS:
-                row = main_ptr + key.to(tl.int64) * hidden + cols
-                tl.store(row, tl.load(row, mask=m) + _round_bf16(sacc), mask=m)
-            else:
-                k = (s0 - r0) // _NROWS
-                srow = 2 * (s0 // _NROWS) + (k == 0).to(tl.int32)
-                tl.store(scratch_ptr + srow.to(tl.int64) * hidden + cols, sacc, mask=m)
+            _long_partial(grad_ptr, main_ptr, counts_ptr, spos_ptr, plist_ptr, scratch_ptr, w // num_hb,
+                          (w % num_hb) * BLOCK_H + tl.arange(0, BLOCK_H), hidden)
         if PHASE == 0:
             _barrier(ctl_ptr + _B3, P)
         if STOP == 3:  # timing of the first phases only
@@ -481,24 +471,8 @@ def _lr_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, ctl_ptr, lkey_ptr, lpos_
         num_r = tl.atomic_add(ctl_ptr + _R, 0, sem="acquire", scope="gpu")
         num_fh = tl.cdiv(hidden, FOLD_H)
         for w in range(pid, num_r * num_fh, P):
-            d = w // num_fh
-            cols = (w % num_fh) * FOLD_H + tl.arange(0, FOLD_H)
-            m = cols < hidden
-            key = tl.load(rlist_ptr + 2 * d)
-            r0 = tl.load(rlist_ptr + 2 * d + 1)
-            c = tl.load(counts_ptr + key)
-            num = tl.where(c > _NROWS, tl.cdiv(c, _NROWS), 0)  # runs of one partial were added whole
-            t_acc = tl.zeros([FOLD_H], tl.float32)
-            for k0 in range(0, num, FOLD_BATCH):
-                for q in tl.static_range(0, FOLD_BATCH):  # loads issued together, added in partial order
-                    k = k0 + q
-                    srow = 2 * ((r0 + _NROWS * k) // _NROWS) + (k == 0).to(tl.int32)
-                    part = tl.load(scratch_ptr + srow.to(tl.int64) * hidden + cols, mask=cols < tl.where(k < num, hidden, 0),
-                                   other=0.0)
-                    t_acc += part  # +0.0 past the last partial: t_acc is never -0.0, so no change
-            row = main_ptr + key.to(tl.int64) * hidden + cols
-            keep = cols < tl.where(num > 0, hidden, 0)
-            tl.store(row, tl.load(row, mask=keep) + _round_bf16(t_acc), mask=keep)
+            _long_fold(main_ptr, counts_ptr, rlist_ptr, scratch_ptr, w // num_fh, (w % num_fh) * FOLD_H + tl.arange(0, FOLD_H),
+                       hidden, FOLD_BATCH)
 
 
 class HashPlan:
@@ -700,7 +674,7 @@ def main():
     if not ON_GPU:
         return cpu_check()
     from bench_torch import copy_bandwidth, dense_expected, graph_ms, same_bits
-    from common import floor_bytes, ids_for, probe_points
+    from common import floor_bytes, ids_for, print_table, probe_points
 
     from embwgrad_core import torch_path
     from tests.cases import REAL_H, REAL_V
@@ -742,11 +716,7 @@ def main():
             print(f"n={n:6d} {dist:7s} {name:28s} {res[name]:8.1f} us  {note}", flush=True)
         print(f"n={n:6d} {dist:7s} main {res['main']:.1f} floor {res['floor']:.1f} (max count {mc})", flush=True)
         rows[(n, dist)] = res
-    keys = list(next(iter(rows.values())))
-    print("| us | " + " | ".join(f"{n} {d}" for n, d in rows) + " |")
-    print("|---" * (len(rows) + 1) + "|")
-    for k in keys:
-        print(f"| {k} | " + " | ".join(f"{rows[p][k]:.1f}" for p in rows) + " |")
+    print_table(rows)
 
 
 if __name__ == "__main__":

@@ -141,8 +141,8 @@ def cpu_check():
 def main():
     if not ON_GPU:
         return cpu_check()
-    from bench_jax import chain_ms
-    from common import ids_for, probe_points
+    from bench_jax import chain_ms, exact_rows
+    from common import ids_for, print_table, probe_points
 
     from tests.cases import REAL_H, REAL_V
 
@@ -165,22 +165,12 @@ def main():
                 before = np.asarray(main_grad[rows_np])
                 after = count_stream(ids, grad, main_grad, **kw)
                 main_grad = after
-                note = "bitwise" if ew_exact(ids_np, grad, before, np.asarray(after[rows_np]), REAL_V) else "DIFFERENT"
+                note = "bitwise" if exact_rows(ids_np, grad, before, np.asarray(after[rows_np]), REAL_V) else "DIFFERENT"
             res[name], main_grad = chain_ms(lambda m, kw=kw: count_stream(ids, grad, m, **kw), main_grad)
             print(f"n={n:6d} {dist:7s} {name:20s} {res[name] * 1e3:8.1f} us  {note}", flush=True)
         print(f"n={n:6d} {dist:7s} frontend {res['frontend'] * 1e3:.1f} us", flush=True)
         rows[(n, dist)] = res
-    keys = list(next(iter(rows.values())))
-    print("| us (JAX chains) | " + " | ".join(f"{n} {d}" for n, d in rows) + " |")
-    print("|---" * (len(rows) + 1) + "|")
-    for k in keys:
-        print(f"| {k} | " + " | ".join(f"{rows[p][k] * 1e3:.1f}" for p in rows) + " |")
-
-
-def ew_exact(ids_np, grad, before_rows, after_rows, vocab) -> bool:
-    from bench_jax import exact_rows
-
-    return exact_rows(ids_np, grad, before_rows, after_rows, vocab)
+    print_table(rows, "us (JAX chains)", 1e3)
 
 
 if __name__ == "__main__":

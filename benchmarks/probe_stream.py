@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 from bench_torch import copy_bandwidth, graph_ms
-from common import floor_bytes, ids_for
+from common import floor_bytes, ids_for, print_table
 
 from embwgrad_core import torch_path
 from tests.cases import REAL_H, REAL_V
@@ -145,11 +145,7 @@ def main():
         for k, v in res.items():
             print(f"n={n:6d} {dist:7s} {k:32s} {v:8.1f} us", flush=True)
         table[(n, dist)] = res
-    names = list(next(iter(table.values())))
-    print("| us | " + " | ".join(f"{n} {d}" for n, d in table) + " |")
-    print("|---" * (len(table) + 1) + "|")
-    for k in names:
-        print(f"| {k} | " + " | ".join(f"{table[p][k]:.1f}" for p in table) + " |")
+    print_table(table)
 
 
 if __name__ == "__main__":
