@@ -46,6 +46,7 @@ ON_GPU = torch.cuda.is_available()
 # tokens, partials, runs listed; three barrier counters; whether any id occurs more than K times.
 _L, _P, _R, _B1, _B2, _B3, _ANY, _B4, _B5, _READY, _TAKEN, _DRAINED = (tl.constexpr(i) for i in range(12))
 K = 8  # slots per id; at most NROWS, so a run of at most K tokens is one partial
+_COUNT_BLOCK = 1024  # tokens per counting program
 
 
 # Rounding codes of torch_frontend's _round and _add_to_row: bf16 grad, fp32 main_grad.
@@ -496,40 +497,47 @@ class HashPlan:
         self.block_h = 2048 if "h2048" in name else 1024
         self.pdl = ON_GPU and "nopdl" not in name
 
+    def _option(self, prefix: str, default: int) -> int:
+        """The number after prefix in one of the name's words ("lr2", "tj8", "every64"), else default."""
+        return int(next((w[len(prefix):] for w in self.name.split() if w.startswith(prefix) and w[len(prefix):].isdigit()), default))
+
+    def _count(self, ids, pdl: bool, release: bool, arr=None):
+        """Zero the counts (and the control words after them), then count ids (_count_kernel)."""
+        self.counts.zero_()
+        _count_kernel[(self.counters,)](ids, self.counts, self.table, self.n, self.done, BLOCK=_COUNT_BLOCK, K=K, PDL=pdl,
+                                        RELEASE=release, num_warps=4, arr_ptr=arr)
+
+    def _stream(self, ids, grad, main_grad, wait: int, lazy: bool, launch_pdl: bool, **queue):
+        """The stream kernel over every (token, block_h columns) item."""
+        _stream_kernel[(self.items,)](ids, grad, main_grad, self.counts, self.table, self.hidden, self.done, self.counters,
+                                      BLOCK_H=self.block_h, K=K, WAIT=wait, LAZY=lazy, num_warps=self.warps, **queue,
+                                      **({"launch_pdl": True} if launch_pdl else {}))
+
     def __call__(self, ids, grad, main_grad):
         n, hidden = self.n, self.hidden
-        items = n * triton.cdiv(hidden, self.block_h)
-        block = 1024
-        counters = triton.cdiv(n, block)
-        done = self.counts[self.vocab:]
+        self.items = n * triton.cdiv(hidden, self.block_h)
+        self.counters = triton.cdiv(n, _COUNT_BLOCK)
+        self.done = self.counts[self.vocab:]
         lazy = "lazy" in self.name
         if self.name.startswith("count+stream"):
-            self.counts.zero_()
-            _count_kernel[(counters,)](ids, self.counts, self.table, n, done, BLOCK=block, K=K, PDL=self.pdl, RELEASE=False,
-                                       num_warps=4)
-            _stream_kernel[(items,)](ids, grad, main_grad, self.counts, self.table, hidden, done, counters,
-                                     BLOCK_H=self.block_h, K=K, WAIT=1 if self.pdl else 0, LAZY=lazy, num_warps=self.warps,
-                                     **({"launch_pdl": True} if self.pdl else {}))
+            self._count(ids, self.pdl, False)
+            self._stream(ids, grad, main_grad, 1 if self.pdl else 0, lazy, self.pdl)
         elif self.name.startswith("hash"):
             # the whole design: count, the long route (PDL), the stream (PDL, waits at its end only)
-            lr = int(next((w[2:] for w in self.name.split() if w.startswith("lr") and w[2:].isdigit()), "2"))
+            lr = self._option("lr", 2)
             if lr > 4:  # 127 registers at 4 warps: 4 programs fill an SM, and a grid barrier with more hangs
                 raise ValueError(f"{self.name}: at most 4 long-route programs per SM")
-            self.lr_tile = int(next((w[2:] for w in self.name.split() if w.startswith("tj")), "16"))
-            self.lr_tile_i = int(next((w[2:] for w in self.name.split() if w.startswith("ti")), "256"))
             ctl = self.counts[self.vocab + 8:]
-            self.counts.zero_()
             early = " early" in self.name
-            _count_kernel[(counters,)](ids, self.counts, self.table, n, done, BLOCK=block, K=K, PDL=self.pdl, RELEASE=early,
-                                       num_warps=4, arr_ptr=self.arr if " seg" in self.name else None)
+            segmented = " seg" in self.name
+            queue = " queue" in self.name
+            self._count(ids, self.pdl, early, self.arr if segmented else None)
             lr_args = (ids, grad, main_grad, self.counts, ctl, self.lkey, self.lpos, self.spos, self.plist, self.rlist,
                        self.scratch, n, hidden)
-            segmented = " seg" in self.name
-            words = self.name.split()
-            fold_h = int(next((w[2:] for w in words if w.startswith("fh")), "256"))
-            fold_batch = int(next((w[2:] for w in words if w.startswith("fb")), "8"))
-            queue = " queue" in self.name
-            lr_kw = dict(QUEUE=queue, arrive_ptr=self.arrive if queue else None, SEG=segmented, arr_ptr=self.arr if segmented else None, segb_ptr=self.segb if segmented else None, STOP=int(next((w[4:] for w in words if w.startswith("stop")), "0")), CHECK_ANY=" any" in self.name, K=K, TILE=self.lr_tile, TILE_I=self.lr_tile_i, BLOCK_H=1024, FOLD_H=fold_h,
+            fold_batch = self._option("fb", 8)
+            lr_kw = dict(QUEUE=queue, arrive_ptr=self.arrive if queue else None, SEG=segmented, arr_ptr=self.arr if segmented else None,
+                         segb_ptr=self.segb if segmented else None, STOP=self._option("stop", 0), CHECK_ANY=" any" in self.name, K=K,
+                         TILE=self._option("tj", 16), TILE_I=self._option("ti", 256), BLOCK_H=1024, FOLD_H=self._option("fh", 256),
                          FOLD_BATCH=fold_batch, num_warps=4)
             if self.pdl:
                 _lr_kernel[(lr * self.sms,)](*lr_args, PHASE=0, PDL=True, EARLY=early, launch_pdl=True, **lr_kw)
@@ -539,24 +547,18 @@ class HashPlan:
                     _lr_kernel[(lr * self.sms,)](*lr_args, PHASE=phase, PDL=False, **lr_kw)
             if " alone" in self.name:  # the count and the long route only: timing only
                 return
-            every = int(next((w[5:] for w in words if w.startswith("every") and w[5:].isdigit()), "1"))
             qargs = dict(QUEUE=True, ctl_ptr=ctl, spos_ptr=self.spos, plist_ptr=self.plist, rlist_ptr=self.rlist,
                          scratch_ptr=self.scratch, arrive_ptr=self.arrive, FOLD_BATCH=fold_batch,
-                         QUEUE_EVERY=every) if queue and "lronly" not in self.name else {}
-            _stream_kernel[(items,)](ids, grad, main_grad, self.counts, self.table, hidden, done, counters,
-                                     BLOCK_H=self.block_h, K=K, WAIT=(4 if early else 3) if self.pdl else 0, LAZY=lazy,
-                                     num_warps=self.warps, **qargs, **({"launch_pdl": True} if self.pdl else {}))
+                         QUEUE_EVERY=self._option("every", 1)) if queue and "lronly" not in self.name else {}
+            self._stream(ids, grad, main_grad, (4 if early else 3) if self.pdl else 0, lazy, self.pdl, **qargs)
         elif self.name.startswith("empty"):
             # "empty 3 after" / "empty 3 before": count, stream and three kernels that find nothing to do
-            self.counts.zero_()
             empties = int(self.name.split()[1])
             before = "before" in self.name
-            _count_kernel[(counters,)](ids, self.counts, self.table, n, done, BLOCK=block, K=K, PDL=True, RELEASE=False,
-                                       num_warps=4)
+            self._count(ids, True, False)
             for _ in range(empties if before else 0):
                 _empty_kernel[(self.sms,)](self.counts[self.vocab - 1:], num_warps=4, launch_pdl=True)
-            _stream_kernel[(items,)](ids, grad, main_grad, self.counts, self.table, hidden, done, counters,
-                                     BLOCK_H=self.block_h, K=K, WAIT=1, LAZY=False, num_warps=self.warps, launch_pdl=True)
+            self._stream(ids, grad, main_grad, 1, False, True)
             for _ in range(0 if before else empties):
                 _empty_kernel[(self.sms,)](self.counts[self.vocab - 1:], num_warps=4, launch_pdl=True)
         elif self.name.startswith("long alone"):
@@ -575,20 +577,17 @@ class HashPlan:
             # counter instead: how much does the plan running beside it cost the stream?
             from torch_frontend import embedding_wgrad as ew
 
-            self.counts.zero_()
-            _count_kernel[(counters,)](ids, self.counts, self.table, n, done, BLOCK=block, K=K, PDL=False, RELEASE=True,
-                                       num_warps=4)
+            self._count(ids, False, True)
             ew._plan_stage(ids, self.problem, self.cfg)
-            _stream_kernel[(items,)](ids, grad, main_grad, self.counts, self.table, hidden, done, counters,
-                                     BLOCK_H=self.block_h, K=K, WAIT=2, LAZY=lazy, num_warps=self.warps, launch_pdl=True)
+            self._stream(ids, grad, main_grad, 2, lazy, True)
         elif self.name.startswith("fused"):
             pdl = self.pdl and "zero kernel" in self.name
             if pdl:
                 _zero_kernel[(triton.cdiv(self.vocab + 1, 4096),)](self.counts, self.vocab + 1, BLOCK=4096, PDL=True, num_warps=4)
             else:
                 self.counts.zero_()
-            _fused_kernel[(counters + items,)](ids, grad, main_grad, self.counts, self.table, n, hidden, counters,
-                                               self.counts[self.vocab:], BLOCK=block, BLOCK_H=self.block_h, K=K, PDL=pdl,
+            _fused_kernel[(self.counters + self.items,)](ids, grad, main_grad, self.counts, self.table, n, hidden, self.counters,
+                                                         self.done, BLOCK=_COUNT_BLOCK, BLOCK_H=self.block_h, K=K, PDL=pdl,
                                                num_warps=self.warps, **({"launch_pdl": True} if pdl else {}))
         elif self.name.startswith("two streams"):
             # Timing estimate for ids that occur more than K times: main's whole call on those tokens
@@ -601,11 +600,8 @@ class HashPlan:
             with torch.cuda.stream(self.side):
                 if self.long_ids is not None:
                     ew._launch(self.long_ids, self.long_grad, main_grad, self.long_problem, self.long_path)
-            self.counts.zero_()
-            _count_kernel[(counters,)](ids, self.counts, self.table, n, done, BLOCK=block, K=K, PDL=self.pdl, RELEASE=False,
-                                       num_warps=4)
-            _stream_kernel[(items,)](ids, grad, main_grad, self.counts, self.table, hidden, done, counters,
-                                     BLOCK_H=self.block_h, K=K, WAIT=1, LAZY=True, num_warps=self.warps, launch_pdl=True)
+            self._count(ids, self.pdl, False)
+            self._stream(ids, grad, main_grad, 1, True, True)
             cur.wait_stream(self.side)
         else:
             raise ValueError(self.name)
