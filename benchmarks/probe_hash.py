@@ -226,11 +226,12 @@ def _stream_kernel(ids_ptr, grad_ptr, main_ptr, counts_ptr, table_ptr, hidden, d
     # Then long-route items, once the long route has sorted (plain loads first: no atomics while
     # nothing is ready); only every QUEUE_EVERY-th program looks (v15 item 10: all of them crowd
     # the word's L2 slice).
-    if QUEUE & (tl.program_id(0) % QUEUE_EVERY == 0):
-        if (tl.load(ctl_ptr + _READY, volatile=True) > 0) & (tl.load(ctl_ptr + _DRAINED, volatile=True) == 0):
-            if tl.atomic_add(ctl_ptr + _READY, 0, sem="acquire", scope="gpu") > 0:
-                _long_work(grad_ptr, main_ptr, counts_ptr, ctl_ptr, spos_ptr, plist_ptr, rlist_ptr, scratch_ptr, arrive_ptr,
-                           hidden, LONG_H, FOLD_H, FOLD_BATCH)
+    if QUEUE:  # nested, not `QUEUE & ...`: Triton 3.6 compiles that body with ctl_ptr None
+        if tl.program_id(0) % QUEUE_EVERY == 0:
+            if (tl.load(ctl_ptr + _READY, volatile=True) > 0) & (tl.load(ctl_ptr + _DRAINED, volatile=True) == 0):
+                if tl.atomic_add(ctl_ptr + _READY, 0, sem="acquire", scope="gpu") > 0:
+                    _long_work(grad_ptr, main_ptr, counts_ptr, ctl_ptr, spos_ptr, plist_ptr, rlist_ptr, scratch_ptr,
+                               arrive_ptr, hidden, LONG_H, FOLD_H, FOLD_BATCH)
     if (WAIT == 3) | (WAIT == 4):  # launched after the long route: wait for it at the end only (stream order)
         if tl.program_id(0) == 0:
             gdc_wait()
