@@ -36,27 +36,30 @@ def _count_kernel(ids_ref, counts_in_ref, counts_ref, table_ref, *, n: int, toke
 
     branchless (n a multiple of tokens): no pl.when around the atomic and the table store (a
     masked one-element store instead), so that the next token's atomic need not wait for this
-    one's value: does a Pallas atomic cost a round trip each, serialised (v16)?
+    one's value. On the H200 it made no difference: a Pallas atomic (acquire-release) costs a
+    round trip, one after another within a program, about 0.77 us each (NOTES v16 item 2).
     """
     del counts_in_ref
     c = pl.program_id(0)
-    for t in range(tokens):
-        u = c * tokens + t
+
+    def count(u):
+        key = ids_ref[u].astype(jnp.int32)
+        rank = plgpu.atomic_add(counts_ref, key, jnp.int32(1))
         if branchless:
-            key = ids_ref[u].astype(jnp.int32)
-            rank = plgpu.atomic_add(counts_ref, key, jnp.int32(1))
             slot = key * K + jnp.minimum(rank, K - 1)
             plgpu.store(table_ref.at[pl.ds(slot, 1)], jnp.full((1,), u, jnp.int32), mask=jnp.full((1,), rank < K))
-            continue
-
-        @pl.when(u < n)
-        def _():
-            key = ids_ref[u].astype(jnp.int32)
-            rank = plgpu.atomic_add(counts_ref, key, jnp.int32(1))
+        else:
 
             @pl.when(rank < K)
             def _():
                 table_ref[key * K + rank] = u
+
+    for t in range(tokens):
+        u = c * tokens + t
+        if branchless:
+            count(u)
+        else:
+            pl.when(u < n)(functools.partial(count, u))
 
 
 def _stream_kernel(ids_ref, grad_ref, counts_ref, table_ref, main_in_ref, main_ref, *, hidden: int, block_h: int):
