@@ -56,6 +56,38 @@ def _stream(ids_ptr, grad_ptr, main_ptr, n, hidden, BLOCK_H: tl.constexpr, DEPTH
             tl.store(main_ptr + row1 * hidden + cols1, v1, mask=m1, cache_modifier=STORE_CACHE)
 
 
+@triton.jit
+def _stream_tma(ids_ptr, grad_desc, main_desc, hidden, BLOCK_H: tl.constexpr, STAGES: tl.constexpr):
+    """One program per token: its grad row and its main_grad row moved by the tensor memory
+    accelerator (TMA) in [1, BLOCK_H] boxes, the column loop software-pipelined over STAGES, so
+    a program keeps several boxes in flight through shared memory instead of registers (NOTES
+    v16, "What should move next" item 1). Hopper and later only; timing only, as _stream."""
+    i = tl.program_id(0)
+    row = tl.load(ids_ptr + i).to(tl.int32)
+    for col in tl.range(0, hidden, BLOCK_H, num_stages=STAGES):
+        g = grad_desc.load([i, col])
+        m = main_desc.load([row, col])
+        main_desc.store([row, col], m + g.to(tl.float32))
+
+
+#: (name, BLOCK_H, num_warps, STAGES) of _stream_tma (BLOCK_H <= 256, TMA's largest box side)
+TMA_VARIANTS = [
+    ("tma h256 w4 s1", 256, 4, 1),
+    ("tma h256 w4 s3", 256, 4, 3),
+    ("tma h256 w4 s4", 256, 4, 4),
+    ("tma h256 w1 s3", 256, 1, 3),
+    ("tma h128 w1 s4", 128, 1, 4),
+]
+
+
+def stream_tma(ids, grad, main_grad, n: int, block_h: int, warps: int, stages: int) -> None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    grad_desc = TensorDescriptor.from_tensor(grad, [1, block_h])
+    main_desc = TensorDescriptor.from_tensor(main_grad, [1, block_h])
+    _stream_tma[(n,)](ids, grad_desc, main_desc, grad.shape[1], BLOCK_H=block_h, STAGES=stages, num_warps=warps)
+
+
 #: (name, BLOCK_H, num_warps, programs per SM or None for one per item, DEPTH, grad eviction,
 #: main_grad eviction, store cache modifier); session 6 measured the first 14, session 7 the rest
 VARIANTS = [
@@ -137,6 +169,9 @@ def main():
             fn = lambda: _stream[(grid,)](ids, grad, main_grad, n, REAL_H, BLOCK_H=bh, DEPTH=depth, GRAD_EVICT=evict,
                                          MAIN_EVICT=main_evict, STORE_CACHE=store, num_warps=warps)  # noqa: E731
             res["stream " + name] = graph_ms(fn) * 1e3
+        for name, bh, warps, stages in [v for v in TMA_VARIANTS if v[0] in STREAM_NAMES or not STREAM_NAMES]:
+            res["stream " + name] = graph_ms(lambda bh=bh, warps=warps, stages=stages: stream_tma(
+                ids, grad, main_grad, n, bh, warps, stages)) * 1e3
         # Session 14: does the order of the rows matter? The baseline shape on the same ids sorted
         # (ascending main_grad rows, same bytes), and on n distinct consecutive rows (its own floor).
         for order, ids_o in (("ids sorted", torch.sort(ids).values), ("ids consecutive", torch.arange(n, device="cuda") + 1000)):
