@@ -1,5 +1,6 @@
 """A target for Nsight Compute: one recorded call of the torch frontend per point, plus the plain
-copy-add kernel of probe_stream at the same bytes, between cudaProfilerStart/Stop.
+copy-add kernel of probe_stream at the same bytes and torch's device copy of the call's floor
+bytes (read plus write), between cudaProfilerStart/Stop.
 
     ncu --profile-from-start off --clock-control none --section SpeedOfLight ... \
         python benchmarks/ncu_target.py [n:dist ...]
@@ -8,7 +9,7 @@ copy-add kernel of probe_stream at the same bytes, between cudaProfilerStart/Sto
 import sys
 
 import torch
-from common import ids_for
+from common import floor_bytes, ids_for
 from probe_stream import stream_add
 
 import torch_frontend
@@ -21,7 +22,10 @@ def main(argv):
     for n, dist in points:
         n = int(n)
         grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
-        ids = torch.from_numpy(ids_for(dist, n, REAL_V)).cuda()
+        ids_np = ids_for(dist, n, REAL_V)
+        ids = torch.from_numpy(ids_np).cuda()
+        src = torch.empty(floor_bytes(ids_np, REAL_H) // 8, dtype=torch.float32, device="cuda")
+        dst = torch.empty_like(src)
         for _ in range(2):  # the first call compiles and records, the second replays
             torch_frontend.accumulate(ids, grad, main_grad)
         stream_add(ids, grad, main_grad, n, REAL_H)
@@ -30,6 +34,7 @@ def main(argv):
         torch.cuda.profiler.start()
         torch_frontend.accumulate(ids, grad, main_grad)
         stream_add(ids, grad, main_grad, n, REAL_H)
+        dst.copy_(src)
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
 
