@@ -1,6 +1,7 @@
 """A target for Nsight Compute: one recorded call of the torch frontend per point, plus the plain
 copy-add kernel of probe_stream at the same bytes and torch's device copy of the call's floor
-bytes (read plus write), between cudaProfilerStart/Stop.
+bytes (read plus write), between cudaProfilerStart/Stop. (That copy is a cudaMemcpy, not a
+kernel: Nsight Compute lists nothing for it; Nsight Systems times it.)
 
     ncu --profile-from-start off --clock-control none --section SpeedOfLight ... \
         python benchmarks/ncu_target.py [n:dist ...]
