@@ -12,6 +12,9 @@ a wait at B's start, and a kernel may place its own (as the torch frontend does)
 all come after A's end, XLA waits at the start (or did not launch B early).
 
     python benchmarks/probe_jax_pdl_wait.py
+
+Measured with jax 0.11.2 on the H200 (NOTES v17 item 5): in every variant B's first stamp comes
+0.4-0.7 us after A's last end (0.8 with PDL off), and B reads A's values.
 """
 
 import functools

@@ -16,6 +16,10 @@ bytes), and times the copy-add in graph replay:
 - torch's device copy of the same bytes.
 
     python benchmarks/probe_span.py
+
+Measured on the H200 (NOTES v17 item 3): 8192 consecutive rows in order 143.5 us, the same rows
+shuffled 149.4, rows V/n apart 154.8 sorted and 155.3 shuffled (torch's copy 141.8): scattered
+rows cost about 8% whatever their order.
 """
 
 import sys
