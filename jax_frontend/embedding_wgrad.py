@@ -147,6 +147,8 @@ def _load_keys(ids_ref, start, size: int, *, n: int, num_embeddings: int, paddin
 
 #: Feature path: rows of a partial loaded at once after its first (as the torch twin).
 FEATURE_BATCH = 4
+#: A long run's partials past its last whole batch are folded FOLD_TAIL at a time (_fold).
+FOLD_TAIL = 4
 
 #: Fields of a record (flat int32 array of REC_FIELDS per partial): slot, key, position, run
 #: start, run end, three unused (a record fills one 32-byte sector).
@@ -627,18 +629,18 @@ def _partials_kernel(
 def _fold(partials_ref, run_start, num_partials, h0, width: int, live_h, *, path: str, grad_dtype: str, batch: int):
     """A long run's partials over columns [h0, h0 + width), folded in order and rounded to grad's dtype (as fp32).
 
-    batch partials' loads are in flight at once; the adds stay one at a time, in order. Past the
-    run's last partial the last one is loaded again (an address, no predicate, so every load
-    issues before the first add) and dropped. Feature path: each partial and each step is
+    batch partials' loads are in flight at once, then FOLD_TAIL at a time for the rest; the adds
+    stay one at a time, in order. Past the run's last partial the last one is loaded again (an
+    address, no predicate, so every load of a step issues before its first add) and dropped. Feature path: each partial and each step is
     rounded, as PyTorch's per-chunk sums are; sort path: the sum is rounded once.
     """
     feature = path == FEATURE
 
-    def add_batch(b, acc):
+    def add(k0, size, acc):  # partials [k0, k0 + size), those past the run's last dropped
         parts = []
-        for u in range(batch):
-            take = b * batch + u < num_partials
-            k = jnp.minimum(b * batch + u, num_partials - 1)
+        for u in range(size):
+            take = k0 + u < num_partials
+            k = jnp.minimum(k0 + u, num_partials - 1)
             row = partial_row(run_start, k, path).astype(jnp.int32)
             parts.append((take, plgpu.load(partials_ref.at[row, pl.ds(h0, width)], mask=live_h, other=0.0)))
         for take, part in parts:
@@ -648,7 +650,12 @@ def _fold(partials_ref, run_start, num_partials, h0, width: int, live_h, *, path
                 acc = jnp.where(take, acc + part, acc)
         return acc
 
-    acc = lax.fori_loop(0, (num_partials + batch - 1) // batch, add_batch, jnp.zeros((width,), jnp.float32))
+    # Whole batches, then the rest FOLD_TAIL at a time, so a run drops at most FOLD_TAIL - 1
+    # steps, not batch - 1 (as the torch twin; NOTES v17 item 8).
+    tail = min(FOLD_TAIL, batch)
+    full = num_partials // batch
+    acc = lax.fori_loop(0, full, lambda b, acc: add(b * batch, batch, acc), jnp.zeros((width,), jnp.float32))
+    acc = lax.fori_loop(0, (num_partials - full * batch + tail - 1) // tail, lambda b, acc: add(full * batch + b * tail, tail, acc), acc)
     return acc if feature else _round(acc, grad_dtype)
 
 

@@ -128,6 +128,9 @@ RECORD_HINT = True
 LONE_TOKENS = ((4096, 0), (MERGE_SORT_MAX_TOKENS, 2048))
 LONE_PER_PROGRAM = 2
 
+#: A long run's partials past its last full batch are folded FOLD_TAIL at a time (_fold).
+FOLD_TAIL = tl.constexpr(4)
+
 #: Sort path: partials programs per SM, the last to start, that take one item each: 0.3-0.9 us
 #: off against none at 8192 uniform ids (12 to 36 measured alike; NOTES v10).
 TAIL_PROGRAMS_PER_SM = 24
@@ -885,25 +888,42 @@ def _partial(
 
 
 @triton.jit
+def _fold_step(acc, part, FEATURE_PATH: tl.constexpr, GRAD_ROUNDING: tl.constexpr):
+    """One partial folded in: feature path, rounded and rounded again (PyTorch's per-chunk sums); sort path, added."""
+    if FEATURE_PATH:
+        return _round(acc + _round(part, GRAD_ROUNDING), GRAD_ROUNDING)
+    else:
+        return acc + part
+
+
+@triton.jit
 def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH: tl.constexpr, SPAN: tl.constexpr,
           GRAD_ROUNDING: tl.constexpr, BATCH: tl.constexpr, CACHE: tl.constexpr):
     """A long run's partials over these columns, folded in order and rounded to grad's dtype (as fp32).
 
-    BATCH partials' loads are in flight at once; the adds stay one at a time, in order. Past the
-    run's last partial the last one is loaded again (always an address, no predicate, so all
-    BATCH loads issue before the first add) and dropped. Feature path: each partial and each
+    BATCH partials' loads are in flight at once, then FOLD_TAIL at a time for the rest; the adds
+    stay one at a time, in order. Past the run's last partial the last one is loaded again
+    (always an address, no predicate, so all of a step's loads issue before its first add) and
+    dropped. Feature path: each partial and each
     step is rounded, as PyTorch's per-chunk sums are; sort path: the sum is rounded once.
     """
     acc = tl.zeros(cols.shape, dtype=tl.float32)
-    for k0 in range(0, num_partials, BATCH):
+    full = num_partials // BATCH * BATCH
+    for k0 in range(0, full, BATCH):
         for u in tl.static_range(BATCH):
+            k = tl.minimum(k0 + u, num_partials - 1)  # (always k0 + u: a tensor under the interpreter too)
+            row = _partial_row(run_start, k, FEATURE_PATH, SPAN)
+            part = tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0.0, cache_modifier=CACHE)
+            acc = _fold_step(acc, part, FEATURE_PATH, GRAD_ROUNDING)
+    # The rest FOLD_TAIL at a time, so a run pays at most FOLD_TAIL - 1 dropped steps, not
+    # BATCH - 1 (most long runs have a few partials: NOTES v17 item 8).
+    TAIL: tl.constexpr = BATCH if BATCH < FOLD_TAIL else FOLD_TAIL
+    for k0 in range(full, num_partials, TAIL):
+        for u in tl.static_range(TAIL):
             k = tl.minimum(k0 + u, num_partials - 1)
             row = _partial_row(run_start, k, FEATURE_PATH, SPAN)
             part = tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0.0, cache_modifier=CACHE)
-            if FEATURE_PATH:
-                acc = tl.where(k0 + u < num_partials, _round(acc + _round(part, GRAD_ROUNDING), GRAD_ROUNDING), acc)
-            else:
-                acc = tl.where(k0 + u < num_partials, acc + part, acc)
+            acc = tl.where(k0 + u < num_partials, _fold_step(acc, part, FEATURE_PATH, GRAD_ROUNDING), acc)
     if not FEATURE_PATH:
         acc = _round(acc, GRAD_ROUNDING)
     return acc
