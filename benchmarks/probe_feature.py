@@ -1,8 +1,9 @@
 """The feature path (n <= 3072 tokens) in the torch frontend: its stage times, and the rows a
 partial loads at once (_FEATURE_BATCH) (NOTES v17).
 
-At 1024 tokens the call takes 50 us (uniform ids) and 70 us (Zipf ids) in graph replay against
-a floor of 17 and 10 us, and XLA's scatter-add 42 us. This prints, per point, the whole call,
+At 1024 tokens the call took 50 us (uniform ids) and 70 us (Zipf ids) in graph replay against
+a floor of 17 and 10 us, and XLA's scatter-add 42 us; this probe found the long-run folds'
+padded batches (NOTES v17 item 8: now 41 and 47 us). This prints, per point, the whole call,
 each stage alone in its own graph (without PDL), and whether the call is bitwise equal to the
 deterministic dense path. The batch (argv[1], default 4) is set before the first compile.
 
