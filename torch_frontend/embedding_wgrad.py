@@ -1028,6 +1028,7 @@ class _Config:
     lone_per_program: int  # positions per lone program (LONE_PER_PROGRAM)
     block_i: int  # _rank_kernel tiles
     block_j: int
+    rank_warps: int  # _rank_kernel's num_warps
     runs_block: int
     block_h: int  # _partials_kernel columns per program
     partial_warps: int
@@ -1086,6 +1087,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         lone_per_program=LONE_PER_PROGRAM,
         block_i=block_i,
         block_j=block_j,
+        rank_warps=4,
         runs_block=1024,
         block_h=block_h,
         partial_warps=1,
@@ -1281,7 +1283,8 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
     if cfg.sort == "rank":
         if cfg.block_i % CHUNK or cfg.block_j % CHUNK:
             raise ValueError(f"rank tiles ({cfg.block_i=}, {cfg.block_j=}) must be multiples of {CHUNK}")
-        launch(_rank_kernel, (triton.cdiv(n, cfg.block_i),), keys_args, 4, pdl=cfg.pdl, CHUNK_SIZE=CHUNK, BLOCK_I=cfg.block_i, BLOCK_J=cfg.block_j)
+        launch(_rank_kernel, (triton.cdiv(n, cfg.block_i),), keys_args, cfg.rank_warps, pdl=cfg.pdl, CHUNK_SIZE=CHUNK, BLOCK_I=cfg.block_i,
+               BLOCK_J=cfg.block_j)
     else:
         keep = (ids >= 0) & (ids < problem.num_embeddings) & (ids != problem.padding_idx)
         keys, order = torch.sort(torch.where(keep, ids, -1).to(torch.int32), stable=True)
