@@ -655,7 +655,8 @@ def _fold(partials_ref, run_start, num_partials, h0, width: int, live_h, *, path
     tail = min(FOLD_TAIL, batch)
     full = num_partials // batch
     acc = lax.fori_loop(0, full, lambda b, acc: add(b * batch, batch, acc), jnp.zeros((width,), jnp.float32))
-    acc = lax.fori_loop(0, (num_partials - full * batch + tail - 1) // tail, lambda b, acc: add(full * batch + b * tail, tail, acc), acc)
+    if batch > 1:  # (batch 1, as in interpret mode, leaves no rest: no second loop to compile)
+        acc = lax.fori_loop(0, (num_partials - full * batch + tail - 1) // tail, lambda b, acc: add(full * batch + b * tail, tail, acc), acc)
     return acc if feature else _round(acc, grad_dtype)
 
 
