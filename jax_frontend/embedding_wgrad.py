@@ -754,8 +754,9 @@ class _Config:
     long_batch: int  # partials _long_runs_kernel loads at once
     long_warps: int  # _long_runs_kernel's num_warps
     max_long_runs: int  # rows of the long-run list
-    num_warps: int  # every kernel's but _partials_kernel's
+    num_warps: int  # every kernel's but _partials_kernel's and _rank_kernel's
     num_stages: int
+    rank_warps: int = 4  # _rank_kernel's num_warps
 
 
 @functools.lru_cache(maxsize=None)
@@ -932,6 +933,7 @@ def _sort(ids, problem: Problem, cfg: _Config):
             out_shape=[slots] * (3 if feature else 2),
             grid=(pl.cdiv(n, cfg.block_i),),
             name="embwgrad_rank",
+            num_warps=cfg.rank_warps,
             n=n,
             num_embeddings=vocab,
             padding_idx=problem.padding_idx,
