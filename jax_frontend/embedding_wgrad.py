@@ -631,8 +631,9 @@ def _fold(partials_ref, run_start, num_partials, h0, width: int, live_h, *, path
 
     batch partials' loads are in flight at once, then FOLD_TAIL at a time for the rest; the adds
     stay one at a time, in order. Past the run's last partial the last one is loaded again (an
-    address, no predicate, so every load of a step issues before its first add) and dropped. Feature path: each partial and each step is
-    rounded, as PyTorch's per-chunk sums are; sort path: the sum is rounded once.
+    address, no predicate, so every load of a step issues before its first add) and dropped.
+    Feature path: each partial and each step is rounded, as PyTorch's per-chunk sums are; sort
+    path: the sum is rounded once.
     """
     feature = path == FEATURE
 

@@ -904,8 +904,8 @@ def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_P
     BATCH partials' loads are in flight at once, then FOLD_TAIL at a time for the rest; the adds
     stay one at a time, in order. Past the run's last partial the last one is loaded again
     (always an address, no predicate, so all of a step's loads issue before its first add) and
-    dropped. Feature path: each partial and each
-    step is rounded, as PyTorch's per-chunk sums are; sort path: the sum is rounded once.
+    dropped. Feature path: each partial and each step is rounded, as PyTorch's per-chunk sums
+    are; sort path: the sum is rounded once.
     """
     acc = tl.zeros(cols.shape, dtype=tl.float32)
     full = num_partials // BATCH * BATCH
