@@ -48,6 +48,16 @@ def floor_bytes(ids: np.ndarray, hidden: int, grad_bytes: int = 2, main_grad_byt
     return ids.size * hidden * grad_bytes + 2 * np.unique(ids).size * hidden * main_grad_bytes
 
 
+def print_variant_table(head: str, points: list, names: list, results: dict, flag: str) -> None:
+    """A probe's variants as a Markdown table: results[(n, dist, name)] = (value, ok) -> one column
+    per point, one row per variant, flag after each value whose ok is not true."""
+    print(f"| {head} | " + " | ".join(f"{n} {d}" for n, d in points) + " |")
+    print("|---" * (len(points) + 1) + "|")
+    for name in names:
+        cells = [f"{results[(n, d, name)][0]:.1f}" + ("" if results[(n, d, name)][1] else f" {flag}") for n, d in points]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def print_table(table: dict, head: str = "us", scale: float = 1.0) -> None:
     """A probe's figures as a Markdown table: {(n, dist): {name: value}} -> one column per point,
     one row per name (the first point's names, in order), each value times scale to one decimal."""

@@ -11,7 +11,7 @@ import sys
 
 import torch
 from bench_torch import config_overrides, copy_bandwidth, dense_expected, graph_ms, median_ms, same_bits
-from common import floor_bytes, ids_for, probe_points
+from common import floor_bytes, ids_for, print_variant_table, probe_points
 
 import torch_frontend
 from torch_frontend import embedding_wgrad as ew
@@ -125,11 +125,7 @@ def main(argv):
                 del work
             results[(n, dist, name)] = (graph, exact)
             print(f"n={n:6d} {dist:7s} {name:22s} graph {graph:8.1f} us  eager {eager:8.1f} us  floor {floor:7.1f} us  exact={exact}", flush=True)
-    print("| variant (graph, us) | " + " | ".join(f"{n} {d}" for n, d in POINTS) + " |")
-    print("|---" * (len(POINTS) + 1) + "|")
-    for name in only:
-        cells = [f"{results[(n, d, name)][0]:.1f}" + ("" if results[(n, d, name)][1] else " NOT EXACT") for n, d in POINTS]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    print_variant_table("variant (graph, us)", POINTS, only, results, "NOT EXACT")
 
 
 if __name__ == "__main__":

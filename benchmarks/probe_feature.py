@@ -11,12 +11,12 @@ deterministic dense path. The batch (argv[1], default 4) is set before the first
 """
 
 import sys
-from dataclasses import replace
 
 import torch
 import triton.language as tl
 from bench_torch import dense_expected, graph_ms, same_bits
 from common import ids_for
+from probe_stream import stage_us
 
 import torch_frontend
 from embwgrad_core import torch_path
@@ -39,19 +39,7 @@ def main(argv):
         torch_frontend.accumulate(ids, grad, work)
         exact = same_bits(work, expected)
         res = {"call (graph)": graph_ms(lambda: torch_frontend.accumulate(ids, grad, work)) * 1e3}
-        problem = ew._check(ids, grad, work, None)
-        cfg = replace(ew._config(problem, torch_path(n), False, *ew._device_traits(0)), pdl=False)
-        res["plan alone"] = graph_ms(lambda: ew._plan_stage(ids, problem, cfg)) * 1e3
-        plan = ew._plan_stage(ids, problem, cfg)
-
-        def partials(plan=plan):
-            plan.long_count.zero_()
-            return ew._partials_stage(plan, grad, work, problem, cfg)
-
-        res["partials alone (+ a memset)"] = graph_ms(partials) * 1e3
-        plan = ew._plan_stage(ids, problem, cfg)
-        parts = ew._partials_stage(plan, grad, work, problem, cfg)
-        res["long runs alone"] = graph_ms(lambda: ew._long_runs_stage(plan, parts, work, problem, cfg)) * 1e3
+        res.update(stage_us(ids, grad, work))
         print(f"batch {batch} n={n:5d} {dist:7s} path {torch_path(n)} exact={exact} " + ", ".join(f"{k} {v:.1f} us" for k, v in res.items()),
               flush=True)
 

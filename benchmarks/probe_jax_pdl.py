@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from bench_jax import chain_ms
-from common import ids_for, probe_points
+from common import ids_for, print_variant_table, probe_points
 
 from jax_frontend import embedding_wgrad as ew
 from tests.cases import REAL_H, REAL_V
@@ -76,11 +76,7 @@ def main(argv):
             ms, main_grad = chain_ms(lambda mg, f=fns[name]: f(ids, grad, mg), main_grad)
             results[(n, dist, name)] = (ms * 1e3, exact)
             print(f"n={n:6d} {dist:7s} {name:28s} {ms * 1e3:8.1f} us  same bits as the first: {exact}", flush=True)
-    print("| variant (us) | " + " | ".join(f"{n} {d}" for n, d in POINTS) + " |")
-    print("|---" * (len(POINTS) + 1) + "|")
-    for name in only:
-        cells = [f"{results[(n, d, name)][0]:.1f}" + ("" if results[(n, d, name)][1] else " NOT SAME") for n, d in POINTS]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    print_variant_table("variant (us)", POINTS, only, results, "NOT SAME")
 
 
 if __name__ == "__main__":

@@ -128,6 +128,26 @@ def stream_add(ids, grad, main_grad, n: int, hidden: int) -> None:
                                                MAIN_EVICT="", STORE_CACHE="", num_warps=1)
 
 
+def stage_us(ids, grad, main_grad) -> dict:
+    """The torch frontend's stages for this call, each alone in its own graph without PDL, in us
+    (main_grad gets each stage's additions, as often as the graphs replay)."""
+    n = ids.numel()
+    problem = ew._check(ids, grad, main_grad, None)
+    cfg = replace(ew._config(problem, torch_path(n), False, *ew._device_traits(0)), pdl=False)
+    res = {"plan alone": graph_ms(lambda: ew._plan_stage(ids, problem, cfg)) * 1e3}
+    plan = ew._plan_stage(ids, problem, cfg)
+
+    def partials():
+        plan.long_count.zero_()
+        return ew._partials_stage(plan, grad, main_grad, problem, cfg)
+
+    res["partials alone (+ a memset)"] = graph_ms(partials) * 1e3
+    plan = ew._plan_stage(ids, problem, cfg)
+    parts = ew._partials_stage(plan, grad, main_grad, problem, cfg)
+    res["long runs alone"] = graph_ms(lambda: ew._long_runs_stage(plan, parts, main_grad, problem, cfg)) * 1e3
+    return res
+
+
 def copy_us(nbytes: int) -> float:
     """torch's device copy moving nbytes (read plus write), graph replay."""
     src = torch.empty(nbytes // 8, dtype=torch.float32, device="cuda")
@@ -149,20 +169,8 @@ def main():
         res = {"floor": fb / bw * 1e3, "torch copy, same bytes": copy_us(fb)}
         # Stages of the real call.
         problem = ew._check(ids, grad, main_grad, None)
-        cfg = ew._config(problem, torch_path(n), False, *ew._device_traits(0))
-        cfg_nopdl = replace(cfg, pdl=False)
         res["call (graph)"] = graph_ms(lambda: ew._launch(ids, grad, main_grad, problem, torch_path(n))) * 1e3
-        res["plan alone"] = graph_ms(lambda: ew._plan_stage(ids, problem, cfg_nopdl)) * 1e3
-        plan = ew._plan_stage(ids, problem, cfg_nopdl)
-
-        def partials():
-            plan.long_count.zero_()
-            return ew._partials_stage(plan, grad, main_grad, problem, cfg_nopdl)
-
-        res["partials alone (+ a memset)"] = graph_ms(partials) * 1e3
-        plan = ew._plan_stage(ids, problem, cfg_nopdl)
-        parts = ew._partials_stage(plan, grad, main_grad, problem, cfg_nopdl)
-        res["long runs alone"] = graph_ms(lambda: ew._long_runs_stage(plan, parts, main_grad, problem, cfg_nopdl)) * 1e3
+        res.update(stage_us(ids, grad, main_grad))
         for name, bh, warps, per_sm, depth, evict, main_evict, store in [v for v in VARIANTS if v[0] in STREAM_NAMES or not STREAM_NAMES]:
             items = n * triton.cdiv(REAL_H, bh)
             grid = items if per_sm is None else min(items, per_sm * SMS)
