@@ -85,10 +85,11 @@ VARIANTS = {
     "lone per 1": dict(lone_per_program=1),
     "lone per 4": dict(lone_per_program=4),
     "lone per 8": dict(lone_per_program=8),
-    # v17 (not yet measured): the feature path's rank kernel (n <= 3072) runs one program of
-    # four warps per 32 tokens, each comparing them with all n keys: 96 programs at 3072 tokens,
-    # 0.15 waves, 25.9 us at 3072 Zipf (Nsight Compute). More warps per program, and longer
-    # steps (block_j keys compared per step; the default is 256).
+    # v17, measured in v18 item 1: the feature path's rank kernel (n <= 3072) runs one program per
+    # 32 tokens, each comparing them with all n keys (96 programs at 3072 tokens, 0.15 waves).
+    # More warps per program (16 landed: RANK_WARPS), and longer steps (block_j keys compared
+    # per step; the default is 256).
+    "rank warps 4": dict(rank_warps=4),
     "rank warps 8": dict(rank_warps=8),
     "rank warps 16": dict(rank_warps=16),
     "rank warps 8 bj 512": dict(rank_warps=8, block_j=512),

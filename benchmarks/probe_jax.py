@@ -51,7 +51,7 @@ VARIANTS = {
     "fold 2/SM": (("fold_programs", 2 * ew._gpu_sms()),),
     "block_h 2048": (("block_h", 2048),),
     "block_h 2048 4 warps": (("block_h", 2048), ("partial_warps", 4)),
-    # v17 (not yet measured): the feature path's rank kernel (n <= 3072), as probe_calls' twins.
+    # v17, measured in v18 item 1 (slower in JAX: default kept): the feature path's rank kernel, as probe_calls' twins.
     "rank warps 8": (("rank_warps", 8),),
     "rank warps 16": (("rank_warps", 16),),
     "rank warps 8 bj 512": (("rank_warps", 8), ("block_j", 512)),

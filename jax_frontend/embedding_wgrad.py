@@ -11,9 +11,9 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
    50 us for XLA's sort). Above it ``lax.sort`` (see ``_sort``), where XLA uses CUB's radix
    sort and the grad bytes dwarf it.
    Feature path: ``_rank_kernel`` ranks each token by counting the tokens that sort before
-   it, which also gives every token its chunk's ordinal within its run.
-2. (lax.sort and the feature path) ``_runs_kernel`` finds every slot's run start and end by
-   binary search. On the sort path the kernel that finds a slot's run (merge rank or runs)
+   it, which also gives every token its chunk's ordinal within its run and, from the tokens
+   of its key before it and in all, its run's start and end: the whole plan.
+2. (lax.sort) ``_runs_kernel`` finds every slot's run start and end by binary search. On the sort path the kernel that finds a slot's run (merge rank or runs)
    also publishes the partials (``_append_records``): a record for each slot that starts one
    (slot, key, position, run start, run end), long runs' partials at the front of the list and
    the others at its back, and an entry in the long-run list for each run of more than one
@@ -108,6 +108,9 @@ INTERPRET_RANK_TILES = {SORT: (256, 256), FEATURE: (8 * CHUNK, 8 * CHUNK)}
 MERGE, RANK, PACKED, PAIRS = "merge", "rank", "packed", "pairs"
 
 _INT32_MAX = 2**31 - 1
+#: _rank_kernel packs two counts of one chunk's compares into an int32: a * _PACK + b, b <= CHUNK.
+_PACK = 64
+assert CHUNK < _PACK
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -315,6 +318,12 @@ def _rank_kernel(
     sorted_keys_ref,  # int32 [n]: keys in sorted order
     sorted_pos_ref,  # int32 [n]: positions in sorted order
     partial_ord_ref=None,  # int32 [n], feature path only: ordinal of the slot's chunk within its run
+    run_start_ref=None,  # int32 [n], feature path only: first slot of each slot's run
+    run_end_ref=None,  # int32 [n], feature path only: one past the last slot of each slot's run
+    counts_ref=None,  # int32 [COUNTS], feature path only: the long-run counter zeroed here
+    records_ref=None,  # feature path only: unused outputs, the _runs_kernel's twins
+    long_runs_ref=None,
+    arrivals_ref=None,
     *,
     n: int,
     num_embeddings: int,  # V
@@ -322,47 +331,76 @@ def _rank_kernel(
     block_i: int,  # tokens ranked per program (feature path: a multiple of CHUNK; sort path: of block_j)
     block_j: int,  # tokens compared per step (feature path: a multiple of CHUNK)
 ):
-    """Each token's slot by counting the tokens that sort before it; on the feature path also partial_ord.
+    """Each token's slot by counting the tokens that sort before it; on the feature path the
+    whole plan: also partial_ord and the run starts and ends (as the torch twin).
 
     Feature path: a step of block_j tokens is seen as [block_j // CHUNK, CHUNK] to count the
     earlier chunks holding a token's key; program starts (multiples of CHUNK) never split a
-    chunk, so a chunk lies wholly before a program's tokens or not (as the torch twin).
+    chunk, so a chunk lies wholly before a program's tokens or not. The same pass counts the
+    tokens of each token's key before it and in all: its run starts at its slot less those
+    before it. Each compare yields (sorts before) * _PACK + (same key), summed once over a chunk.
     """
+    del records_ref, long_runs_ref, arrivals_ref
     feature = partial_ord_ref is not None
     load = functools.partial(_load_keys, ids_ref, n=n, num_embeddings=num_embeddings, padding_idx=padding_idx)
     i0 = pl.program_id(0) * block_i
     i, key_i = load(i0, block_i)
     live_i = i < n
-    start = (jnp.zeros((block_i,), jnp.int32), jnp.zeros((block_i,), jnp.int32))
+    zero = jnp.zeros((block_i,), jnp.int32)
+    if feature:
+        first_program = pl.program_id(0) == 0  # read here: interpret mode has no program ids inside pl.when
+
+        @pl.when(first_program)
+        def _():
+            counts_ref[_LISTED] = jnp.int32(0)
+
+    def counted(cmp, same):  # [block_i, chunks] per-chunk counts of (cmp, same), packed in one sum
+        packed = cmp.astype(jnp.int32) * _PACK + same.astype(jnp.int32)
+        per_chunk = jnp.sum(packed.reshape(block_i, block_j // CHUNK, CHUNK), axis=2, dtype=jnp.int32)
+        return per_chunk // _PACK, per_chunk % _PACK
 
     def earlier(step, carry):  # tokens at earlier positions sort before i when their key is <= key_i
-        before, chunks = carry
+        before, chunks, same_before = carry
         j, key_j = load(step * block_j, block_j)
         key_j = jnp.where(j < i0, key_j, _INT32_MAX)
-        before += jnp.sum((key_j[None, :] <= key_i[:, None]).astype(jnp.int32), axis=1, dtype=jnp.int32)
-        if feature:  # every whole chunk of this step lies before i0 or not at all
-            same = (key_j[None, :] == key_i[:, None]).astype(jnp.int32).reshape(block_i, block_j // CHUNK, CHUNK)
-            chunks += jnp.sum(jnp.max(same, axis=2), axis=1, dtype=jnp.int32)
-        return before, chunks
+        le = key_j[None, :] <= key_i[:, None]
+        if not feature:
+            return before + jnp.sum(le.astype(jnp.int32), axis=1, dtype=jnp.int32), chunks, same_before
+        # every whole chunk of this step lies before i0 or not at all
+        le_c, same_c = counted(le, key_j[None, :] == key_i[:, None])
+        return (
+            before + jnp.sum(le_c, axis=1, dtype=jnp.int32),
+            chunks + jnp.sum((same_c > 0).astype(jnp.int32), axis=1, dtype=jnp.int32),
+            same_before + jnp.sum(same_c, axis=1, dtype=jnp.int32),
+        )
 
-    before, chunks = lax.fori_loop(0, (i0 + block_j - 1) // block_j, earlier, start)
+    before, chunks, same_before = lax.fori_loop(0, (i0 + block_j - 1) // block_j, earlier, (zero, zero, zero))
+    same_after = zero
     diag = CHUNK if feature else block_j
     for j0 in range(0, block_i, diag):  # inside the block, ties go by position
         j, key_j = load(i0 + j0, diag)
         live_j = (j < n)[None, :]
         same = (key_j[None, :] == key_i[:, None]) & live_j
-        first = (key_j[None, :] < key_i[:, None]) | (same & (j[None, :] < i[:, None]))
+        sooner = j[None, :] < i[:, None]
+        first = (key_j[None, :] < key_i[:, None]) | (same & sooner)
         before += jnp.sum((first & live_j).astype(jnp.int32), axis=1, dtype=jnp.int32)
         if feature:
             earlier_chunk = (i0 + j0) // CHUNK < i // CHUNK
             chunks += jnp.where(earlier_chunk, jnp.max(same.astype(jnp.int32), axis=1), 0)
+            same_before += jnp.sum((same & sooner).astype(jnp.int32), axis=1, dtype=jnp.int32)
+            same_after += jnp.sum((same & (j[None, :] > i[:, None])).astype(jnp.int32), axis=1, dtype=jnp.int32)
 
-    def later(step, before):  # tokens at later positions sort before i when their key is < key_i
+    def later(step, carry):  # tokens at later positions sort before i when their key is < key_i
+        before, same_after = carry
         j, key_j = load(i0 + block_i + step * block_j, block_j)
         key_j = jnp.where(j < n, key_j, _INT32_MAX)
-        return before + jnp.sum((key_j[None, :] < key_i[:, None]).astype(jnp.int32), axis=1, dtype=jnp.int32)
+        lt = key_j[None, :] < key_i[:, None]
+        if not feature:
+            return before + jnp.sum(lt.astype(jnp.int32), axis=1, dtype=jnp.int32), same_after
+        lt_c, same_c = counted(lt, key_j[None, :] == key_i[:, None])
+        return before + jnp.sum(lt_c, axis=1, dtype=jnp.int32), same_after + jnp.sum(same_c, axis=1, dtype=jnp.int32)
 
-    before = lax.fori_loop(0, (jnp.maximum(n - i0 - block_i, 0) + block_j - 1) // block_j, later, before)
+    before, same_after = lax.fori_loop(0, (jnp.maximum(n - i0 - block_i, 0) + block_j - 1) // block_j, later, (before, same_after))
     # Lanes past n scatter past the end: interpret mode writes masked lanes back with their old
     # value, which would race with a live lane's write to the same slot.
     slot = jnp.where(live_i, before, i)
@@ -370,27 +408,28 @@ def _rank_kernel(
     plgpu.store(sorted_pos_ref.at[slot], i, mask=live_i)
     if feature:
         plgpu.store(partial_ord_ref.at[slot], chunks, mask=live_i)
+        plgpu.store(run_start_ref.at[slot], before - same_before, mask=live_i)
+        plgpu.store(run_end_ref.at[slot], before + 1 + same_after, mask=live_i)
 
 
 def _runs_kernel(
     # Inputs
     sorted_keys_ref,  # int32 [n]: keys in sorted order
-    sorted_pos_ref,  # int32 [n]: positions in sorted order (read on the sort path)
-    counts_in_ref,  # int32 [COUNTS]: sort path, zeros, aliased to counts_ref; never read
+    sorted_pos_ref,  # int32 [n]: positions in sorted order
+    counts_in_ref,  # int32 [COUNTS]: zeros, aliased to counts_ref; never read
     # Outputs
     run_start_ref,  # int32 [n]: first slot of each slot's run
     run_end_ref,  # int32 [n]: one past the last slot of each slot's run
-    counts_ref,  # int32 [COUNTS]: the plan's counters (feature path: the long-run counter zeroed here)
-    records_ref,  # int32 [n * REC_FIELDS]: sort path, a record per partial (_append_records); feature path, unused
-    long_runs_ref,  # int32 [max_long_runs, 2]: sort path, the long runs listed
-    arrivals_ref,  # int32 [n]: sort path, arrival counters zeroed where a long run starts
+    counts_ref,  # int32 [COUNTS]: the plan's counters
+    records_ref,  # int32 [n * REC_FIELDS]: a record per partial (_append_records)
+    long_runs_ref,  # int32 [max_long_runs, 2]: the long runs listed
+    arrivals_ref,  # int32 [n]: arrival counters zeroed where a long run starts
     *,
     n: int,
     block: int,  # slots per program
-    records: bool,  # sort path: append the records
 ):
+    """Sort path after lax.sort: every slot's run start and end by binary search in the sorted keys, and the records."""
     del counts_in_ref
-    first = pl.program_id(0) == 0
     s0 = pl.program_id(0) * block
     s = s0 + lax.iota(jnp.int32, block)
     live = s < n
@@ -414,14 +453,8 @@ def _runs_kernel(
     lo, _, lo_end, _ = lax.fori_loop(0, n.bit_length(), halve, (zero, s, s + 1, zero + n))
     plgpu.store(run_start_ref.at[pl.ds(s0, block)], lo, mask=live)
     plgpu.store(run_end_ref.at[pl.ds(s0, block)], lo_end, mask=live)
-    if records:
-        pos = plgpu.load(sorted_pos_ref.at[pl.ds(s0, block)], mask=live, other=0)
-        _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, s, key, pos, lo, lo_end, live, n=n)
-    else:
-
-        @pl.when(first)
-        def _():
-            counts_ref[_LISTED] = jnp.int32(0)
+    pos = plgpu.load(sorted_pos_ref.at[pl.ds(s0, block)], mask=live, other=0)
+    _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, s, key, pos, lo, lo_end, live, n=n)
 
 
 def _partials_kernel(
@@ -757,7 +790,7 @@ class _Config:
     max_long_runs: int  # rows of the long-run list
     num_warps: int  # every kernel's but _partials_kernel's and _rank_kernel's
     num_stages: int
-    rank_warps: int = 4  # _rank_kernel's num_warps
+    rank_warps: int = 4  # _rank_kernel's num_warps: 8 or 16 measured 5-6 us slower at 2048-3072 Zipf (NOTES v18 item 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -923,15 +956,16 @@ def _merge_sort(ids, problem: Problem, cfg: _Config):
 
 
 def _sort(ids, problem: Problem, cfg: _Config):
-    """Stage 1 by _rank_kernel or lax.sort: (sorted_keys, sorted_pos, partial_ord or None)."""
+    """Stage 1 by _rank_kernel or lax.sort: (sorted_keys, sorted_pos); on the feature path the
+    whole plan, (sorted_keys, sorted_pos, partial_ord, run_start, run_end, counts, records, long_runs, arrivals)."""
     n, vocab = problem.num_tokens, problem.num_embeddings
     if cfg.sort == RANK:
         feature = cfg.path == FEATURE
         slots = jax.ShapeDtypeStruct((n,), jnp.int32)
-        outs = _call(
+        return _call(
             _rank_kernel,
             cfg,
-            out_shape=[slots] * (3 if feature else 2),
+            out_shape=[slots] * 5 + _plan_shapes(n, cfg) if feature else [slots] * 2,
             grid=(pl.cdiv(n, cfg.block_i),),
             name="embwgrad_rank",
             num_warps=cfg.rank_warps,
@@ -941,7 +975,6 @@ def _sort(ids, problem: Problem, cfg: _Config):
             block_i=cfg.block_i,
             block_j=cfg.block_j,
         )(ids)
-        return outs[0], outs[1], outs[2] if feature else None
     keys = _keys(ids, vocab, problem.padding_idx)
     pos = lax.iota(jnp.int32, n)
     if cfg.sort == PACKED:
@@ -952,31 +985,25 @@ def _sort(ids, problem: Problem, cfg: _Config):
         packed = lax.sort(((keys + 1).astype(jnp.uint32) << pos_bits) | pos.astype(jnp.uint32))
         sorted_keys = (packed >> pos_bits).astype(jnp.int32) - 1
         sorted_pos = (packed & jnp.uint32((1 << pos_bits) - 1)).astype(jnp.int32)
-        return sorted_keys, sorted_pos, None
+        return sorted_keys, sorted_pos
     # More than 32 bits of key and position: sort the pair, keys only compared, stably.
-    sorted_keys, sorted_pos = lax.sort((keys, pos), num_keys=1, is_stable=True)
-    return sorted_keys, sorted_pos, None
+    return tuple(lax.sort((keys, pos), num_keys=1, is_stable=True))
 
 
 def _runs(sorted_keys, sorted_pos, problem: Problem, cfg: _Config):
-    """Stage 2: (run_start, run_end, counts, records, long_runs, arrivals); records, long runs and arrivals only on the sort path."""
+    """Stage 2 after lax.sort (sort path): (run_start, run_end, counts, records, long_runs, arrivals)."""
     n = problem.num_tokens
-    records = cfg.path == SORT
-    # The counters must be zero before the kernel's atomics: on the sort path a zero buffer
-    # aliased to them. The feature path appends nothing here (its kernel zeroes the long-run
-    # counter), so its slot takes sorted_keys, unread and not aliased, and XLA fills no buffer.
-    counts_in = jnp.zeros((COUNTS,), jnp.int32) if records else sorted_keys
+    # The counters must be zero before the kernel's atomics: a zero buffer aliased to them.
     return _call(
         _runs_kernel,
         cfg,
         out_shape=[jax.ShapeDtypeStruct((n,), jnp.int32)] * 2 + _plan_shapes(n, cfg),
         grid=(pl.cdiv(n, cfg.runs_block),),
-        input_output_aliases={2: 2} if records else None,
+        input_output_aliases={2: 2},
         name="embwgrad_runs",
         n=n,
         block=cfg.runs_block,
-        records=records,
-    )(sorted_keys, sorted_pos, counts_in)
+    )(sorted_keys, sorted_pos, jnp.zeros((COUNTS,), jnp.int32))
 
 
 def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, problem: Problem, cfg: _Config):
@@ -1048,11 +1075,13 @@ def _long_runs(long_runs, counts, sorted_keys, partials, main_grad, problem: Pro
 
 def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config) -> _Stages:
     """All stages on ids [n] (flattened) and grad [n, H] into main_grad [V, H] (aliased)."""
+    partial_ord = None
     if cfg.sort == MERGE:
         sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals = _merge_sort(ids, problem, cfg)
-        partial_ord = None
+    elif cfg.path == FEATURE:  # _rank_kernel makes the whole plan
+        sorted_keys, sorted_pos, partial_ord, run_start, run_end, counts, records, long_runs, arrivals = _sort(ids, problem, cfg)
     else:
-        sorted_keys, sorted_pos, partial_ord = _sort(ids, problem, cfg)
+        sorted_keys, sorted_pos = _sort(ids, problem, cfg)
         run_start, run_end, counts, records, long_runs, arrivals = _runs(sorted_keys, sorted_pos, problem, cfg)
     plan = (sorted_keys, sorted_pos, partial_ord, run_start, run_end)
     main_grad, partials, long_runs, counts, arrivals = _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, problem, cfg)

@@ -9,10 +9,10 @@ synchronisation:
    the sorted keys, positions, run starts and run ends (embwgrad_core.merge_ranks is the model): 13 us
    for 8192 tokens on the H200, against 71 us for torch.sort's route. Above it, torch.sort.
    Feature path (n <= 3072): ``_rank_kernel`` ranks each token by counting the tokens that
-   sort before it, which also gives every token its chunk's ordinal within its run.
-2. (torch.sort and the feature path) ``_runs_kernel`` finds every slot's run start and end by
-   binary search. On the sort path the kernel that knows a slot's run (merge or runs) also
-   publishes the partials: a record for each slot that starts one (slot, key, position, run
+   sort before it, which also gives every token its chunk's ordinal within its run and, from
+   the tokens of its key before it and in all, its run's start and end: the whole plan.
+2. (torch.sort) ``_runs_kernel`` finds every slot's run start and end by binary search. On
+   the sort path the kernel that knows a slot's run (merge or runs) also publishes the partials: a record for each slot that starts one (slot, key, position, run
    start, run end), long runs' partials at the front of the list and the others at its back,
    and an entry in the long-run list for each run of more than one partial, with its arrival
    counter zeroed (_append_records). Merge sort: the records of the first FIRST_TOKENS
@@ -141,8 +141,15 @@ RANK_TILES = (CHUNK, 8 * CHUNK)
 #: The same under TRITON_INTERPRET=1, where each program step is a NumPy call: large tiles
 #: keep it fast. Tests also run the interpreter with RANK_TILES.
 INTERPRET_RANK_TILES = (8 * CHUNK, 8 * CHUNK)
+#: Warps of each _rank_kernel program. The kernel has few programs (n / CHUNK: 96 at 3072
+#: tokens, a seventh of a wave), so each program's issue rate bounds it: 16 warps against 4
+#: took 8.6 us off a call at 3072 Zipf, 5.7 at 2048 Zipf, 2.3 at 1024 uniform (8 warps within
+#: 0.6 us of 16; NOTES v18 item 1).
+RANK_WARPS = 16
 
 _INT32_MAX = tl.constexpr(2**31 - 1)
+#: _rank_kernel packs two counts of one chunk's compares into an int32: a * _PACK + b, b <= CHUNK.
+_PACK = tl.constexpr(64)
 #: Feature path: rows of a partial loaded at once after its first (a partial has up to CHUNK).
 _FEATURE_BATCH = tl.constexpr(4)
 
@@ -482,7 +489,7 @@ def _merge_rank_kernel(
 @triton.jit
 def _rank_kernel(
     ids_ptr,  # int32/int64 [n]: token ids in position order
-    ws_ptr,  # int32 workspace out: sorted keys, positions, and partial_ord at _AUX * n
+    ws_ptr,  # int32 workspace out: sorted keys, positions, run starts and ends, partial_ord at _AUX * n; the long-run counter zeroed
     n,  # number of tokens
     num_embeddings,  # V
     padding_idx,  # id that adds nothing, or -1
@@ -491,13 +498,21 @@ def _rank_kernel(
     BLOCK_J: tl.constexpr,  # tokens compared per step (a multiple of CHUNK_SIZE)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
-    """Feature path: each token's slot by counting the tokens that sort before it, and partial_ord.
+    """Feature path, the whole plan: each token's slot by counting the tokens that sort before it,
+    its run's start and end, and partial_ord.
 
     Steps of BLOCK_J tokens, seen as [BLOCK_J // CHUNK_SIZE, CHUNK_SIZE] so that each step also
     counts the earlier chunks that hold a token's key; program starts (multiples of
     CHUNK_SIZE) never split a chunk, so a chunk is wholly before a program's tokens or not.
+    The same pass counts the tokens of each token's key, before it and in all: its run starts
+    at its slot less those before it and ends that many slots on, so no search follows the
+    sort. Each compare of a step yields (sorts before) * _PACK + (same key), summed once over a
+    chunk (at most CHUNK_SIZE < _PACK of each) and taken apart after.
     """
+    tl.static_assert(CHUNK_SIZE < _PACK)
     _pdl_enter(PDL)
+    if tl.program_id(0) == 0:
+        tl.store(ws_ptr + _LONG * n, 0)  # the long-run counter: the partials kernel lists the long runs
     CHUNKS: tl.constexpr = BLOCK_J // CHUNK_SIZE
     i0 = tl.program_id(0) * BLOCK_I
     i = i0 + tl.arange(0, BLOCK_I)
@@ -507,43 +522,56 @@ def _rank_kernel(
     offsets = tl.reshape(tl.arange(0, BLOCK_J), [CHUNKS, CHUNK_SIZE])
     before = tl.zeros([BLOCK_I], dtype=tl.int32)  # tokens that sort before i
     chunks = tl.zeros([BLOCK_I], dtype=tl.int32)  # earlier chunks holding i's key
+    same_before = tl.zeros([BLOCK_I], dtype=tl.int32)  # tokens of i's key at earlier positions
+    same_after = tl.zeros([BLOCK_I], dtype=tl.int32)  # and at later positions
     # Tokens at earlier positions sort before i when their key is <= key_i. Past i0: INT32_MAX.
     for j0 in range(0, i0, BLOCK_J):
         j3 = j0 + offsets
         key_j3 = _load_keys(ids_ptr, j3, j3 < i0, num_embeddings, padding_idx)[None, :, :]
-        before += tl.sum(tl.sum((key_j3 <= k3).to(tl.int32), axis=2), axis=1)
-        chunks += tl.sum(tl.max((key_j3 == k3).to(tl.int32), axis=2), axis=1)
+        per_chunk = tl.sum((key_j3 <= k3).to(tl.int32) * _PACK + (key_j3 == k3).to(tl.int32), axis=2)
+        same = per_chunk % _PACK
+        before += tl.sum(per_chunk // _PACK, axis=1)
+        chunks += tl.sum((same > 0).to(tl.int32), axis=1)
+        same_before += tl.sum(same, axis=1)
     # Inside the block, ties go by position: chunk by chunk.
     for c0 in tl.static_range(0, BLOCK_I, CHUNK_SIZE):
         j = i0 + c0 + tl.arange(0, CHUNK_SIZE)
         live_j = j < n
         key_j = _load_keys(ids_ptr, j, live_j, num_embeddings, padding_idx)
         same = (key_j[None, :] == key_i[:, None]) & live_j[None, :]
-        first = (key_j[None, :] < key_i[:, None]) | (same & (j[None, :] < i[:, None]))
+        earlier = j[None, :] < i[:, None]
+        first = (key_j[None, :] < key_i[:, None]) | (same & earlier)
         before += tl.sum((first & live_j[None, :]).to(tl.int32), axis=1)
         earlier_chunk = (i0 + c0) // CHUNK_SIZE < i // CHUNK_SIZE
         chunks += tl.where(earlier_chunk, tl.max(same.to(tl.int32), axis=1), 0)
+        same_before += tl.sum((same & earlier).to(tl.int32), axis=1)
+        same_after += tl.sum((same & (j[None, :] > i[:, None])).to(tl.int32), axis=1)
     # Tokens at later positions sort before i when their key is < key_i (past n: INT32_MAX).
     for j0 in range(i0 + BLOCK_I, n, BLOCK_J):
         j3 = j0 + offsets
         key_j3 = _load_keys(ids_ptr, j3, j3 < n, num_embeddings, padding_idx)[None, :, :]
-        before += tl.sum(tl.sum((key_j3 < k3).to(tl.int32), axis=2), axis=1)
+        per_chunk = tl.sum((key_j3 < k3).to(tl.int32) * _PACK + (key_j3 == k3).to(tl.int32), axis=2)
+        before += tl.sum(per_chunk // _PACK, axis=1)
+        same_after += tl.sum(per_chunk % _PACK, axis=1)
+    run_start = before - same_before
     tl.store(ws_ptr + _KEYS * n + before, key_i, mask=live_i)
     tl.store(ws_ptr + _POS * n + before, i, mask=live_i)
     tl.store(ws_ptr + _AUX * n + before, chunks, mask=live_i)
+    tl.store(ws_ptr + _RUN_START * n + before, run_start, mask=live_i)
+    tl.store(ws_ptr + _RUN_END * n + before, before + 1 + same_after, mask=live_i)
 
 
 @triton.jit
 def _runs_kernel(
-    ws_ptr,  # int32 workspace: sorted keys in; run starts and ends out; the long-run counter zeroed
+    ws_ptr,  # int32 workspace: sorted keys and positions in (the counters zeroed); run starts and ends, records out
     n,  # number of tokens
     search_steps,  # binary-search steps: n.bit_length()
-    max_long_runs,  # sort path: entries of the long-run list
+    max_long_runs,  # entries of the long-run list
     BLOCK: tl.constexpr,  # slots per program
-    SPAN: tl.constexpr,  # sort path (torch.sort): NROWS, and the record counter was zeroed; feature path: 0
+    SPAN: tl.constexpr,  # NROWS
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
-    """Feature path and torch.sort: every slot's run start and end by binary search in the sorted keys."""
+    """Sort path after torch.sort: every slot's run start and end by binary search in the sorted keys, and the records."""
     _pdl_enter(PDL)
     s = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = s < n
@@ -563,11 +591,8 @@ def _runs_kernel(
         hi_end = tl.where(within, hi_end, mid_end)
     tl.store(ws_ptr + _RUN_START * n + s, lo, mask=live)
     tl.store(ws_ptr + _RUN_END * n + s, lo_end, mask=live)
-    if SPAN > 0:
-        pos = tl.load(ws_ptr + _POS * n + s, mask=live, other=0)
-        _append_records(ws_ptr, n, max_long_runs, s, key, pos, lo, lo_end, live, 0, 0, 0, SPAN, 1)
-    elif tl.program_id(0) == 0:
-        tl.store(ws_ptr + _LONG * n, 0)
+    pos = tl.load(ws_ptr + _POS * n + s, mask=live, other=0)
+    _append_records(ws_ptr, n, max_long_runs, s, key, pos, lo, lo_end, live, 0, 0, 0, SPAN, 1)
 
 
 @triton.jit
@@ -1087,7 +1112,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         lone_per_program=LONE_PER_PROGRAM,
         block_i=block_i,
         block_j=block_j,
-        rank_warps=4,
+        rank_warps=RANK_WARPS,
         runs_block=1024,
         block_h=block_h,
         partial_warps=1,
@@ -1285,14 +1310,14 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
             raise ValueError(f"rank tiles ({cfg.block_i=}, {cfg.block_j=}) must be multiples of {CHUNK}")
         launch(_rank_kernel, (triton.cdiv(n, cfg.block_i),), keys_args, cfg.rank_warps, pdl=cfg.pdl, CHUNK_SIZE=CHUNK, BLOCK_I=cfg.block_i,
                BLOCK_J=cfg.block_j)
+        return plan  # the rank kernel also found the runs
     else:
         keep = (ids >= 0) & (ids < problem.num_embeddings) & (ids != problem.padding_idx)
         keys, order = torch.sort(torch.where(keep, ids, -1).to(torch.int32), stable=True)
         plan.sorted_keys.copy_(keys)
         plan.sorted_pos.copy_(order)
         ws[_LONG.value * n : _LONG.value * n + _HEADER.value].zero_()  # the counters, before the runs kernel appends records
-    span = 0 if cfg.path == FEATURE else NROWS
-    launch(_runs_kernel, (triton.cdiv(n, cfg.runs_block),), (ws, n, n.bit_length(), cfg.max_long_runs), 4, pdl=cfg.pdl, BLOCK=cfg.runs_block, SPAN=span)
+    launch(_runs_kernel, (triton.cdiv(n, cfg.runs_block),), (ws, n, n.bit_length(), cfg.max_long_runs), 4, pdl=cfg.pdl, BLOCK=cfg.runs_block, SPAN=NROWS)
     return plan
 
 
