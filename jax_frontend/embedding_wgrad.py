@@ -13,11 +13,12 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
    Feature path: ``_rank_kernel`` ranks each token by counting the tokens that sort before
    it, which also gives every token its chunk's ordinal within its run and, from the tokens
    of its key before it and in all, its run's start and end: the whole plan.
-2. (lax.sort) ``_runs_kernel`` finds every slot's run start and end by binary search. On the sort path the kernel that finds a slot's run (merge rank or runs)
-   also publishes the partials (``_append_records``): a record for each slot that starts one
-   (slot, key, position, run start, run end), long runs' partials at the front of the list and
-   the others at its back, and an entry in the long-run list for each run of more than one
-   partial, with its arrival counter zeroed.
+2. (lax.sort) ``_runs_kernel`` finds every slot's run start and end by binary search. On the
+   sort path the kernel that finds a slot's run (merge rank or runs) also publishes the
+   partials (``_append_records``): a record for each slot that starts one (slot, key,
+   position, run start, run end), long runs' partials at the front of the list and the others
+   at its back, and an entry in the long-run list for each run of more than one partial, with
+   its arrival counter zeroed.
 3. ``_partials_kernel`` sums each partial's rows in fp32, in order, over one H block per item.
    Sort path: a fixed grid strides the records (the next item's record in flight while this
    item's rows are), so no program waits on a slot that starts none; feature path: one

@@ -12,10 +12,11 @@ synchronisation:
    sort before it, which also gives every token its chunk's ordinal within its run and, from
    the tokens of its key before it and in all, its run's start and end: the whole plan.
 2. (torch.sort) ``_runs_kernel`` finds every slot's run start and end by binary search. On
-   the sort path the kernel that knows a slot's run (merge or runs) also publishes the partials: a record for each slot that starts one (slot, key, position, run
-   start, run end), long runs' partials at the front of the list and the others at its back,
-   and an entry in the long-run list for each run of more than one partial, with its arrival
-   counter zeroed (_append_records). Merge sort: the records of the first FIRST_TOKENS
+   the sort path the kernel that knows a slot's run (merge or runs) also publishes the
+   partials: a record for each slot that starts one (slot, key, position, run start, run end),
+   long runs' partials at the front of the list and the others at its back, and an entry in
+   the long-run list for each run of more than one partial, with its arrival counter zeroed
+   (_append_records). Merge sort: the records of the first FIRST_TOKENS
    positions come first in each list, in order (a group of merge programs places them by a
    single-pass scan, _ordered_bases).
    Merge sort above 4096 tokens (LONE_TOKENS): a token whose id occurs once needs no plan. The
