@@ -129,6 +129,23 @@ def _round(x, dtype: str):
     return x
 
 
+def _to_scratch(acc, gw, dtype):
+    """What a long run's partial stores (as the torch twin): acc (fp32), or in int16 (feature path,
+    bf16 grad: _Config.bf16_scratch) gw's bf16 bits, the high half of its fp32 bits. The feature
+    path rounds every partial to grad's dtype before any use, so the rounded value is all the
+    fold needs, and half the bytes hold it exactly (NaNs included)."""
+    if dtype == jnp.int16:
+        return lax.bitcast_convert_type((lax.bitcast_convert_type(gw, jnp.uint32) >> 16).astype(jnp.uint16), jnp.int16)
+    return acc
+
+
+def _from_scratch(part):
+    """A scratch value as fp32 (_to_scratch's inverse)."""
+    if part.dtype == jnp.int16:
+        return lax.bitcast_convert_type(lax.bitcast_convert_type(part, jnp.uint16).astype(jnp.uint32) << 16, jnp.float32)
+    return part
+
+
 def _add_to_row(main_grad_ref, row, h0, live_h, gw, dtype: str):
     """main_grad[row, h0 : h0 + len(gw)] = round(float(main_grad) + gw): main_grad.add_ of one row block."""
     block = main_grad_ref.at[row, pl.ds(h0, gw.shape[0])]
@@ -151,6 +168,10 @@ def _load_keys(ids_ref, start, size: int, *, n: int, num_embeddings: int, paddin
 
 #: Feature path: rows of a partial loaded at once after its first (as the torch twin).
 FEATURE_BATCH = 4
+#: Feature path with bf16 grads, from this many tokens: the long runs' partials go to scratch as
+#: bf16 bits (as the torch twin). H200 chains: 2048 Zipf 68.0 -> 58.3 us, 3072 Zipf 97.1 -> 83.1,
+#: 1024 Zipf 42.7 -> 44.0 (NOTES v18 item 4).
+BF16_SCRATCH_MIN_TOKENS = 2048
 #: A long run's partials past its last whole batch are folded FOLD_TAIL at a time (_fold).
 FOLD_TAIL = 4
 
@@ -472,7 +493,7 @@ def _partials_kernel(
     arrivals_in_ref,  # int32 [n]: aliased to arrivals_ref, never read
     # Outputs
     main_grad_ref,  # [V, H] bf16/fp16/fp32: rows of runs of one partial (and with folders, of long runs) get their gradient
-    partials_ref,  # fp32 [partial_buffer_rows, H]: partial sums of long runs, at partial_row
+    partials_ref,  # [partial_buffer_rows, H]: partial sums of long runs, at partial_row, fp32 or bf16 bits (_to_scratch)
     long_runs_ref,  # int32 [max_long_runs, 2]: (run start, number of partials) of each long run (sort path: the plan's)
     counts_ref,  # int32 [COUNTS]: the plan's counters; feature path, [_LISTED] counts the long runs listed here
     arrivals_ref,  # int32 [n]: sort path with folders, each run's partials that have arrived (at its first slot)
@@ -555,7 +576,7 @@ def _partials_kernel(
             new = _round(old + gw, main_grad_dtype)
             plgpu.store(main_grad_ref.at[key, row_block], new.astype(main_grad_ref.dtype), mask=live_h & finish)
             row = partial_row(run_start, k, path).astype(jnp.int32)  # embwgrad_core.partial_row
-            plgpu.store(partials_ref.at[row, row_block], acc, mask=live_h & ~finish)
+            plgpu.store(partials_ref.at[row, row_block], _to_scratch(acc, gw, partials_ref.dtype), mask=live_h & ~finish)
 
             if feature:  # the sort path's plan lists its long runs
 
@@ -677,7 +698,7 @@ def _fold(partials_ref, run_start, num_partials, h0, width: int, live_h, *, path
             take = k0 + u < num_partials
             k = jnp.minimum(k0 + u, num_partials - 1)
             row = partial_row(run_start, k, path).astype(jnp.int32)
-            parts.append((take, plgpu.load(partials_ref.at[row, pl.ds(h0, width)], mask=live_h, other=0.0)))
+            parts.append((take, _from_scratch(plgpu.load(partials_ref.at[row, pl.ds(h0, width)], mask=live_h, other=0))))
         for take, part in parts:
             if feature:
                 acc = jnp.where(take, _round(acc + _round(part, grad_dtype), grad_dtype), acc)
@@ -726,7 +747,7 @@ def _long_runs_kernel(
     long_runs_ref,  # int32 [max_long_runs, 2]: (run start, number of partials) of each long run
     counts_ref,  # int32 [COUNTS]: [_LISTED] long runs listed
     sorted_keys_ref,  # int32 [n]: keys in sorted order
-    partials_ref,  # fp32 [partial_buffer_rows, H]: partial sums of long runs
+    partials_ref,  # [partial_buffer_rows, H]: partial sums of long runs, fp32 or bf16 bits (_to_scratch)
     main_grad_in_ref,  # [V, H]: aliased to main_grad_ref, never read
     # Outputs
     main_grad_ref,  # [V, H] bf16/fp16/fp32: rows of long runs get their gradient
@@ -791,6 +812,7 @@ class _Config:
     max_long_runs: int  # rows of the long-run list
     num_warps: int  # every kernel's but _partials_kernel's and _rank_kernel's
     num_stages: int
+    bf16_scratch: bool = False  # feature path, bf16 grad: long runs' partials as bf16 bits (_to_scratch; BF16_SCRATCH_MIN_TOKENS)
     rank_warps: int = 4  # _rank_kernel's num_warps: 8 or 16 measured 5-6 us slower at 2048-3072 Zipf (NOTES v18 item 1)
 
 
@@ -866,8 +888,11 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         max_long_runs=max_long_runs,
         num_warps=4,
         num_stages=2,
+        bf16_scratch=feature and problem.grad_dtype == "bfloat16" and n >= BF16_SCRATCH_MIN_TOKENS,
     )
     cfg = dataclasses.replace(cfg, **forced)
+    if cfg.bf16_scratch and (not feature or problem.grad_dtype != "bfloat16"):
+        raise ValueError(f"bf16_scratch needs the feature path and a bf16 grad, got {path} and {problem.grad_dtype}")
     sorts = (MERGE, RANK, PACKED, PAIRS)
     if cfg.sort not in sorts or (feature and cfg.sort != RANK):
         raise ValueError(f"sort={cfg.sort!r} must be {RANK!r} on the feature path, else one of {sorts}")
@@ -1028,7 +1053,7 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
         cfg,
         out_shape=[
             jax.ShapeDtypeStruct(main_grad.shape, main_grad.dtype),
-            jax.ShapeDtypeStruct((partial_buffer_rows(n, cfg.path), hidden), jnp.float32),
+            jax.ShapeDtypeStruct((partial_buffer_rows(n, cfg.path), hidden), jnp.int16 if cfg.bf16_scratch else jnp.float32),
             jax.ShapeDtypeStruct(long_runs.shape, jnp.int32),
             jax.ShapeDtypeStruct((COUNTS,), jnp.int32),
             jax.ShapeDtypeStruct(arrivals.shape, jnp.int32),

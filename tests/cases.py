@@ -148,6 +148,8 @@ def gpu_cases() -> list[Case]:
         cases.append(Case(f"feature-f32-bf16-{n}", uniform_ids(n, 700, seed=n), 771, 700, "float32", "bfloat16", seed=n))
     cases += [
         Case("feature-padding-3000", zipf_ids(3000, 500, seed=5), 256, 500, padding_idx=0, seed=5),
+        # NaN, inf, -0 and subnormal grads through the feature path's bf16 scratch (from BF16_SCRATCH_MIN_TOKENS).
+        Case("feature-specials-2500", zipf_ids(2500, 400, seed=12), 256, 400, specials=True, seed=12),
         Case("sort-padding-9000", zipf_ids(9000, 500, seed=6), 256, 500, padding_idx=3, seed=6),
         Case("sort-fp16-8193", uniform_ids(8193, 20000, seed=7), 640, 20000, "float16", "float16", seed=7),
         Case("sort-library-sort-65536-zipf", zipf_ids(65536, 32000, seed=8), 256, 32000, seed=8),

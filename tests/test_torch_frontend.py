@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import torch_frontend
 from embwgrad_core import CHUNK, FEATURE, NROWS, SORT, make_plan, reference, torch_path
+from embwgrad_core.dtypes import round_to
 from tests.cases import Case, assert_bits_equal, core_checked_on_gpu, cpu_cases, gpu_cases, runs_ids
 from torch_frontend import embedding_wgrad as ew
 
@@ -96,6 +97,8 @@ STAGE_ROUTES = {
     "merge-lone-64": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, lone_tokens=64, lone_per_program=3)),
     "merge-no-lone": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, lone_tokens=0)),
     "rank-gpu": (FEATURE, dict(zip(("block_i", "block_j"), ew.RANK_TILES))),
+    # Long runs' partials as bf16 bits (the GPU's choice from BF16_SCRATCH_MIN_TOKENS tokens).
+    "rank-bf16-scratch": (FEATURE, dict(block_i=2 * CHUNK, block_j=CHUNK, block_h=8, bf16_scratch=True)),
 }
 
 
@@ -155,7 +158,12 @@ def test_stages_match_core_plan(route):
     sums = reference.partial_sums(plan, grad.reshape(ids.size, -1))
     long = np.isin(plan.partial_run, np.flatnonzero(plan.run_partials > 1))
     assert long.any()
-    assert_bits_equal(to_numpy(partials)[plan.partial_rows[long]], sums[long], "partial sums")
+    stored = to_numpy(partials)[plan.partial_rows[long]]
+    if partials.dtype == torch.int16:  # feature path, bf16 grad: the partials rounded to bf16, their bits (ew._to_scratch)
+        assert path == FEATURE and case.grad_dtype == "bfloat16"
+        stored = (stored.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        sums = round_to(sums, "bfloat16")
+    assert_bits_equal(stored, sums[long], "partial sums")
 
     if cfg.fold_programs == 0:  # else the partials kernel folded the long runs
         ew._long_runs_stage(device_plan, partials, out, problem, cfg)

@@ -147,6 +147,11 @@ INTERPRET_RANK_TILES = (8 * CHUNK, 8 * CHUNK)
 #: took 8.6 us off a call at 3072 Zipf, 5.7 at 2048 Zipf, 2.3 at 1024 uniform (8 warps within
 #: 0.6 us of 16; NOTES v18 item 1).
 RANK_WARPS = 16
+#: Feature path with bf16 grads, from this many tokens: the long runs' partials go to scratch
+#: as bf16 bits, half the bytes of fp32, the same bits after the fold (_to_scratch). H200, torch
+#: (JAX): 2048 Zipf 70.8 -> 63.2 us (68.0 -> 58.3), 3072 Zipf 103.1 -> 90.5 (97.1 -> 83.1), but
+#: 1024 Zipf 40.1 -> 41.7 (42.7 -> 44.0); 1024 uniform unchanged (NOTES v18 item 4).
+BF16_SCRATCH_MIN_TOKENS = 2048
 
 _INT32_MAX = tl.constexpr(2**31 - 1)
 #: _rank_kernel packs two counts of one chunk's compares into an int32: a * _PACK + b, b <= CHUNK.
@@ -201,6 +206,29 @@ def _round(x, ROUNDING: tl.constexpr):
         return x.to(tl.float16).to(tl.float32)
     else:
         return x
+
+
+@triton.jit
+def _to_scratch(acc, gw, partials_ptr):
+    """What a long run's partial stores: acc (fp32), or, in an int16 buffer (feature path, bf16 grad), gw's bf16 bits.
+
+    The feature path rounds every partial to grad's dtype before any use (_fold_step), so the
+    rounded value (gw) is all the fold needs; a bf16 value's bits are the high half of its fp32
+    bits (_round leaves the low half zero), so half the bytes hold it exactly, NaNs included.
+    """
+    if partials_ptr.dtype.element_ty == tl.int16:
+        return (gw.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.int16, bitcast=True)
+    else:
+        return acc
+
+
+@triton.jit
+def _from_scratch(part):
+    """A scratch value as fp32 (_to_scratch's inverse)."""
+    if part.dtype == tl.int16:
+        return (part.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return part
 
 
 @triton.jit
@@ -601,7 +629,7 @@ def _partials_kernel(
     ws_ptr,  # int32 workspace: the plan; the long-run counter and list out
     grad_ptr,  # [*S, H] bf16/fp16/fp32: position p's row at (p // grad_dim1) * grad_stride0 + (p % grad_dim1) * grad_stride1
     main_grad_ptr,  # [V, H] bf16/fp16/fp32, rows main_grad_stride apart
-    partials_ptr,  # fp32 [partial_buffer_rows, H] out: partial sums of long runs
+    partials_ptr,  # [partial_buffer_rows, H] out: partial sums of long runs, fp32 or bf16 bits (_to_scratch)
     n,  # number of tokens
     hidden,  # H
     max_long_runs,  # entries of the long-run list
@@ -900,7 +928,7 @@ def _partial(
         # A run of one partial: +0 + s (sort path) and +0 + round(s) (feature path) both round to round(s).
         new = _round(old + gw, MAIN_ROUNDING)
         tl.store(main_row + cols, new.to(main_grad_ptr.dtype.element_ty), mask=cols < tl.where(finish, hidden, 0))
-        tl.store(partials_ptr + row.to(tl.int64) * hidden + cols, acc, mask=cols < tl.where(in_long_run, hidden, 0),
+        tl.store(partials_ptr + row.to(tl.int64) * hidden + cols, _to_scratch(acc, gw, partials_ptr), mask=cols < tl.where(in_long_run, hidden, 0),
                  eviction_policy=SCRATCH_POLICY)
         if not FEATURE_PATH:
             if in_long_run:
@@ -939,7 +967,7 @@ def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_P
         for u in tl.static_range(BATCH):
             k = tl.minimum(k0 + u, num_partials - 1)  # (always k0 + u: a tensor under the interpreter too)
             row = _partial_row(run_start, k, FEATURE_PATH, SPAN)
-            part = tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0.0, cache_modifier=CACHE)
+            part = _from_scratch(tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0, cache_modifier=CACHE))
             acc = _fold_step(acc, part, FEATURE_PATH, GRAD_ROUNDING)
     # The rest FOLD_TAIL at a time, so a run pays at most FOLD_TAIL - 1 dropped steps, not
     # BATCH - 1 (most long runs have a few partials: NOTES v17 item 8).
@@ -948,7 +976,7 @@ def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_P
         for u in tl.static_range(TAIL):
             k = tl.minimum(k0 + u, num_partials - 1)
             row = _partial_row(run_start, k, FEATURE_PATH, SPAN)
-            part = tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0.0, cache_modifier=CACHE)
+            part = _from_scratch(tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0, cache_modifier=CACHE))
             acc = tl.where(k0 + u < num_partials, _fold_step(acc, part, FEATURE_PATH, GRAD_ROUNDING), acc)
     if not FEATURE_PATH:
         acc = _round(acc, GRAD_ROUNDING)
@@ -988,7 +1016,7 @@ def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride,
 @triton.jit
 def _long_runs_kernel(
     ws_ptr,  # int32 workspace: sorted keys, the long-run counter and list
-    partials_ptr,  # fp32 [partial_buffer_rows, H]: partial sums of long runs
+    partials_ptr,  # [partial_buffer_rows, H]: partial sums of long runs, fp32 or bf16 bits (_to_scratch)
     main_grad_ptr,  # [V, H] bf16/fp16/fp32
     n,  # number of tokens
     hidden,  # H
@@ -1055,6 +1083,7 @@ class _Config:
     block_i: int  # _rank_kernel tiles
     block_j: int
     rank_warps: int  # _rank_kernel's num_warps
+    bf16_scratch: bool  # feature path, bf16 grad: long runs' partials stored as bf16 bits (_to_scratch; BF16_SCRATCH_MIN_TOKENS)
     runs_block: int
     block_h: int  # _partials_kernel columns per program
     partial_warps: int
@@ -1114,6 +1143,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         block_i=block_i,
         block_j=block_j,
         rank_warps=RANK_WARPS,
+        bf16_scratch=feature and problem.grad_dtype == "bfloat16" and n >= BF16_SCRATCH_MIN_TOKENS,
         runs_block=1024,
         block_h=block_h,
         partial_warps=1,
@@ -1352,7 +1382,10 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
     lone = plan.lone_tokens > 0
     prefetch = cfg.pdl and cfg.sort == "merge" and cfg.l2_prefetch_tokens > 0 and ids is not None and _prefetchable(grad, main_grad, strides)
     first_rows = (ids, problem.num_embeddings, cfg.l2_prefetch_tokens if prefetch else 0) if prefetch or lone else (plan.workspace, 0, 0)
-    partials = torch.empty(partial_buffer_rows(n, cfg.path), hidden, dtype=torch.float32, device=main_grad.device)
+    if cfg.bf16_scratch and (cfg.path != FEATURE or problem.grad_dtype != "bfloat16"):
+        raise ValueError(f"bf16_scratch needs the feature path and a bf16 grad, got {cfg.path} and {problem.grad_dtype}")
+    partials = torch.empty(partial_buffer_rows(n, cfg.path), hidden, dtype=torch.int16 if cfg.bf16_scratch else torch.float32,
+                           device=main_grad.device)
     items = n * triton.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
     folders = cfg.fold_programs
     programs = items if cfg.path == FEATURE else min(items, cfg.partial_programs) + folders
