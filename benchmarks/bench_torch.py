@@ -106,6 +106,21 @@ def same_bits(a, b) -> bool:
     return torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
+def probe_inputs(points):
+    """The torch probes' inputs at the real shape (tests.cases.REAL_V, REAL_H), seeded: one
+    main_grad, then per (n, dist) point (n, dist, ids as NumPy, ids, bf16 grad, main_grad, and
+    main_grad after the deterministic dense path)."""
+    from tests.cases import REAL_H, REAL_V
+
+    torch.manual_seed(0)
+    main_grad = torch.randn(REAL_V, REAL_H, device="cuda")
+    for n, dist in points:
+        grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
+        ids_np = ids_for(dist, n, REAL_V)
+        ids = torch.from_numpy(ids_np).cuda()
+        yield n, dist, ids_np, ids, grad, main_grad, dense_expected(ids, grad, main_grad)
+
+
 def main(argv=None):
     args = parse_args(argv)
     ns, vocab, hidden = sizes(args, ON_GPU)

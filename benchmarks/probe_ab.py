@@ -34,18 +34,12 @@ def _load(framework: str):
 
 
 def run_torch():
-    import torch
-    from bench_torch import dense_expected, graph_ms, same_bits
+    from bench_torch import graph_ms, probe_inputs, same_bits
 
     from torch_frontend import embedding_wgrad as new
 
     old = _load("torch")
-    torch.manual_seed(0)
-    main_grad = torch.randn(REAL_V, REAL_H, device="cuda")
-    for n, dist in POINTS:
-        grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
-        ids = torch.from_numpy(ids_for(dist, n, REAL_V)).cuda()
-        expected = dense_expected(ids, grad, main_grad)
+    for n, dist, _, ids, grad, main_grad, expected in probe_inputs(POINTS):
         cells = []
         for name, module in (("old", old), ("new", new)) * 2:
             work = main_grad.clone()

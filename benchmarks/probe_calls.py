@@ -10,12 +10,12 @@ one call in a CUDA graph (the GPU's time) and eagerly (host launch cost included
 import sys
 
 import torch
-from bench_torch import config_overrides, copy_bandwidth, dense_expected, graph_ms, median_ms, same_bits
-from common import floor_bytes, ids_for, print_variant_table, probe_points
+from bench_torch import config_overrides, copy_bandwidth, graph_ms, median_ms, probe_inputs, same_bits
+from common import floor_bytes, print_variant_table, probe_points
 
 import torch_frontend
 from torch_frontend import embedding_wgrad as ew
-from tests.cases import REAL_H, REAL_V
+from tests.cases import REAL_H
 
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 #: name -> _Config fields to override
@@ -102,16 +102,10 @@ POINTS = probe_points(  # or PROBE_POINTS
 
 def main(argv):
     only = argv[0].split(",") if argv else list(VARIANTS)
-    torch.manual_seed(0)
-    main_grad = torch.randn(REAL_V, REAL_H, device="cuda")
     print("torch_frontend from", torch_frontend.__file__, flush=True)
     bw = copy_bandwidth()
     results = {}
-    for n, dist in POINTS:
-        grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
-        ids_np = ids_for(dist, n, REAL_V)
-        ids = torch.from_numpy(ids_np).cuda()
-        expected = dense_expected(ids, grad, main_grad)
+    for n, dist, ids_np, ids, grad, main_grad, expected in probe_inputs(POINTS):
         floor = floor_bytes(ids_np, REAL_H) / bw * 1e3
         for name in only:
             with config_overrides(**VARIANTS[name]):

@@ -12,15 +12,12 @@ deterministic dense path. The batch (argv[1], default 4) is set before the first
 
 import sys
 
-import torch
 import triton.language as tl
-from bench_torch import dense_expected, graph_ms, same_bits
-from common import ids_for
+from bench_torch import graph_ms, probe_inputs, same_bits
 from probe_stream import stage_us
 
 import torch_frontend
 from embwgrad_core import torch_path
-from tests.cases import REAL_H, REAL_V
 from torch_frontend import embedding_wgrad as ew
 
 POINTS = [(1024, "uniform"), (1024, "zipf"), (2048, "zipf"), (3072, "zipf")]
@@ -29,12 +26,7 @@ POINTS = [(1024, "uniform"), (1024, "zipf"), (2048, "zipf"), (3072, "zipf")]
 def main(argv):
     batch = int(argv[0]) if argv else 4
     ew._FEATURE_BATCH = tl.constexpr(batch)  # before the first compile
-    torch.manual_seed(0)
-    main_grad = torch.randn(REAL_V, REAL_H, device="cuda")
-    for n, dist in POINTS:
-        grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
-        ids = torch.from_numpy(ids_for(dist, n, REAL_V)).cuda()
-        expected = dense_expected(ids, grad, main_grad)
+    for n, dist, _, ids, grad, main_grad, expected in probe_inputs(POINTS):
         work = main_grad.clone()
         torch_frontend.accumulate(ids, grad, work)
         exact = same_bits(work, expected)

@@ -24,9 +24,9 @@ from jax import lax
 
 import jax_frontend
 from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, FOLD_ROLE_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
-from embwgrad_core.dtypes import numpy_dtype, round_to
+from embwgrad_core.dtypes import numpy_dtype
 from jax_frontend import embedding_wgrad as ew
-from tests.cases import Case, assert_bits_equal, cpu_cases, gpu_cases, runs_ids, zipf_ids
+from tests.cases import Case, assert_bits_equal, assert_partials_equal, cpu_cases, gpu_cases, runs_ids, zipf_ids
 
 ON_GPU = jax.default_backend() == "gpu"
 requires_gpu = pytest.mark.skipif(not ON_GPU, reason="needs jax with a GPU backend")
@@ -216,12 +216,7 @@ def test_stages_match_core_plan(route):
     sums = reference.partial_sums(plan, grad.reshape(ids.size, -1))
     run = plan.partial_run
     long = (plan.run_partials[run] > 1) & (plan.run_key[run] >= 0)
-    stored = stages.partials[plan.partial_rows[long]]
-    if stored.dtype == np.int16:  # feature path, bf16 grad: the partials rounded to bf16, their bits (ew._to_scratch)
-        assert path == FEATURE and case.grad_dtype == "bfloat16"
-        stored = (stored.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-        sums = round_to(sums, "bfloat16")
-    assert_bits_equal(stored, sums[long], "partial sums")
+    assert_partials_equal(stages.partials[plan.partial_rows[long]], sums[long], path, case.grad_dtype)  # (ew._to_scratch)
 
     expected = reference.accumulate(ids, grad, main_grad, padding_idx=padding_idx, path=path)
     assert_bits_equal(stages.main_grad, expected)

@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 
 import torch_frontend
 from embwgrad_core import CHUNK, FEATURE, NROWS, SORT, make_plan, reference, torch_path
-from embwgrad_core.dtypes import round_to
-from tests.cases import Case, assert_bits_equal, core_checked_on_gpu, cpu_cases, gpu_cases, runs_ids
+from tests.cases import Case, assert_bits_equal, assert_partials_equal, core_checked_on_gpu, cpu_cases, gpu_cases, runs_ids
 from torch_frontend import embedding_wgrad as ew
 
 HAS_CUDA = torch.cuda.is_available()
@@ -158,12 +157,7 @@ def test_stages_match_core_plan(route):
     sums = reference.partial_sums(plan, grad.reshape(ids.size, -1))
     long = np.isin(plan.partial_run, np.flatnonzero(plan.run_partials > 1))
     assert long.any()
-    stored = to_numpy(partials)[plan.partial_rows[long]]
-    if partials.dtype == torch.int16:  # feature path, bf16 grad: the partials rounded to bf16, their bits (ew._to_scratch)
-        assert path == FEATURE and case.grad_dtype == "bfloat16"
-        stored = (stored.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-        sums = round_to(sums, "bfloat16")
-    assert_bits_equal(stored, sums[long], "partial sums")
+    assert_partials_equal(to_numpy(partials)[plan.partial_rows[long]], sums[long], path, case.grad_dtype)  # (ew._to_scratch)
 
     if cfg.fold_programs == 0:  # else the partials kernel folded the long runs
         ew._long_runs_stage(device_plan, partials, out, problem, cfg)
