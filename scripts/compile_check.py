@@ -57,22 +57,24 @@ def variants():
         consts = {"BLOCK": block, "NUM_BLOCKS": blocks, "STEPS": 5, "BLOCK_U": 1024 // blocks, "SPAN": NROWS,
                   "GROUP_P2": 32, "WINDOW": 16, "COUNT": True, "PDL": True}
         yield f"merge_rank {block}x{blocks}", ew._merge_rank_kernel, {}, consts
-    for span in (0, NROWS):
-        yield f"runs span={span}", ew._runs_kernel, {}, {"BLOCK": 1024, "SPAN": span, "PDL": True}
-    for feature, grad, main in itertools.product((True, False), DTYPES, DTYPES):
+    yield "runs", ew._runs_kernel, {}, {"BLOCK": 1024, "SPAN": NROWS, "PDL": True}  # after torch.sort only
+    # Scratch: fp32, or bf16 bits in int16 on the feature path with bf16 grads (ew._Config.bf16_scratch).
+    scratches = [(f, g, m, "fp32") for f, g, m in itertools.product((True, False), DTYPES, DTYPES)]
+    scratches += [(True, g, m, "i16") for g, m in itertools.product(DTYPES, DTYPES) if DTYPES[g] == "bf16"]
+    for feature, grad, main, scratch in scratches:
         span = CHUNK if feature else NROWS
         common = {"PDL": True, "FEATURE_PATH": feature, "SPAN": span, "GRAD_ROUNDING": grad, "MAIN_ROUNDING": main}
-        types = {"grad_ptr": "*" + DTYPES[grad], "main_grad_ptr": "*" + DTYPES[main], "partials_ptr": "*fp32", "ids_ptr": "*i64"}
+        types = {"grad_ptr": "*" + DTYPES[grad], "main_grad_ptr": "*" + DTYPES[main], "partials_ptr": "*" + scratch, "ids_ptr": "*i64"}
         types.update({k: "i64" for k in ("grad_stride0", "grad_stride1", "grad_stride_h", "main_grad_stride")})
         yield (
-            f"partials feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]}",
+            f"partials feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]} scratch={scratch}",
             ew._partials_kernel,
             types,
             {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT, "FOLD_H": 256, "FOLD_BATCH": 16,
              "PREFETCH_L2": not feature, "LONE": not feature, "SCRATCH_POLICY": "" if feature else "evict_last"},
         )
         yield (
-            f"long_runs feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]}",
+            f"long_runs feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]} scratch={scratch}",
             ew._long_runs_kernel,
             types,
             {**common, "BLOCK_H": 256, "BATCH": 16},
