@@ -94,6 +94,10 @@ VARIANTS = {
     "rank warps 16": dict(rank_warps=16),
     "rank warps 8 bj 512": dict(rank_warps=8, block_j=512),
     "rank warps 16 bj 1024": dict(rank_warps=16, block_j=1024),
+    # v19: merge blocks of 512 tokens where they are 256 (half the blocks to search, twice the block
+    # sort's compares), the same lanes per merge program, the first 512 positions' records first.
+    "block 512": dict(merge_block=512, merge_blocks=lambda c: max(1, c.merge_blocks // 2), merge_u=lambda c: 2 * c.merge_u, merge_block_i=64,
+                      merge_tile=32, first_tokens=512),
     "default again": {},  # a second measurement of the default in the same process
 }
 POINTS = probe_points(  # or PROBE_POINTS

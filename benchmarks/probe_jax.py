@@ -16,6 +16,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from bench_jax import chain_ms
 from common import ids_for, probe_points
 
@@ -56,6 +57,8 @@ VARIANTS = {
     "rank warps 16": (("rank_warps", 16),),
     "rank warps 8 bj 512": (("rank_warps", 8), ("block_j", 512)),
     "rank warps 16 bj 1024": (("rank_warps", 16), ("block_j", 1024)),
+    # v19 (as probe_calls.py): merge blocks of 512 tokens
+    "merge_block 512": (("merge_block", 512),),
 }
 
 
@@ -126,8 +129,13 @@ def main(argv):
     for n, dist in POINTS:
         grad = jax.random.normal(jax.random.fold_in(key, n), (n, REAL_H), jnp.float32).astype(jnp.bfloat16)
         ids = jnp.asarray(ids_for(dist, n, REAL_V), jnp.int32)
+        rows = np.unique(np.asarray(ids))
         for name in only:
-            try:
+            try:  # each variant's bits against the default's, from the same main_grad (the chains change it)
+                base = np.asarray(ew._accumulate(ids, grad, jnp.array(main_grad, copy=True))[rows]).view(np.int32)
+                out = np.asarray(ew._accumulate(ids, grad, jnp.array(main_grad, copy=True), overrides=VARIANTS[name])[rows]).view(np.int32)
+                if not (out == base).all():
+                    print(f"n={n:6d} {dist:7s} {name}: DIFFERENT from the default", flush=True)
                 ms, main_grad = chain_ms(lambda mg, o=VARIANTS[name]: ew._accumulate(ids, grad, mg, overrides=o), main_grad)
             except Exception as e:  # a variant that does not compile: report it, go on
                 print(f"n={n:6d} {dist:7s} {name}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
