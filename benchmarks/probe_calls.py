@@ -98,6 +98,12 @@ VARIANTS = {
     # sort's compares), the same lanes per merge program, the first 512 positions' records first.
     "block 512": dict(merge_block=512, merge_blocks=lambda c: max(1, c.merge_blocks // 2), merge_u=lambda c: 2 * c.merge_u, merge_block_i=64,
                       merge_tile=32, first_tokens=512),
+    # v19: fewer registers for the partials kernel, so more one-warp programs per SM (the long runs'
+    # partials' phase is bound by the warps in flight: NOTES v19).
+    "maxnreg 128": dict(partial_maxnreg=128),
+    "maxnreg 120": dict(partial_maxnreg=120),
+    "maxnreg 112": dict(partial_maxnreg=112),
+    "maxnreg 96": dict(partial_maxnreg=96),
     "default again": {},  # a second measurement of the default in the same process
 }
 POINTS = probe_points(  # or PROBE_POINTS
