@@ -104,6 +104,10 @@ VARIANTS = {
     "maxnreg 120": dict(partial_maxnreg=120),
     "maxnreg 112": dict(partial_maxnreg=112),
     "maxnreg 96": dict(partial_maxnreg=96),
+    # v19: two-warp partials programs (more warps in flight per SM while the long runs' partials are
+    # summed; v9 item 6 measured them much slower in an older kernel).
+    "partial warps 2": dict(partial_warps=2),
+    "partial warps 2 pp 64": dict(partial_warps=2, partial_programs=64 * SMS),
     "default again": {},  # a second measurement of the default in the same process
 }
 POINTS = probe_points(  # or PROBE_POINTS
