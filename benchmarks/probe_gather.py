@@ -96,10 +96,19 @@ CASES = [  # (name, rows per item, BLOCK_H, warps, store, store's L2 policy, rel
     #         programs per SM or 0 for one per item, ten rows' loads first)
     ("rows 1", 1, 1024, 1, False, "", False, 1, 0, False),
     ("rows 10", 10, 1024, 1, False, "", False, 1, 0, False),
+    ("rows 10, 2 warps", 10, 1024, 2, False, "", False, 1, 0, False),
+    ("rows 10, 4 warps", 10, 1024, 4, False, "", False, 1, 0, False),
+    ("rows 10, 512 columns", 10, 512, 1, False, "", False, 1, 0, False),
+    ("rows 5", 5, 1024, 1, False, "", False, 1, 0, False),
     ("rows 10 + store", 10, 1024, 1, True, "", False, 1, 0, False),
+    ("rows 10 + store evict_last", 10, 1024, 1, True, "evict_last", False, 1, 0, False),
+    ("+ release, 1 partial per counter", 10, 1024, 1, True, "evict_last", True, 1, 0, False),
+    ("+ release, 8 per counter", 10, 1024, 1, True, "evict_last", True, 8, 0, False),
     ("+ release, 111 per counter", 10, 1024, 1, True, "evict_last", True, 111, 0, False),
     ("rows 10, 14 per SM", 10, 1024, 1, False, "", False, 1, 14, False),
     ("rows 10, 8 per SM", 10, 1024, 1, False, "", False, 1, 8, False),
+    ("rows 10, 4 per SM", 10, 1024, 1, False, "", False, 1, 4, False),
+    ("+ release, 111, 8 per SM", 10, 1024, 1, True, "evict_last", True, 111, 8, False),
     ("rows 10, 8 per SM, loads first", 10, 1024, 1, False, "", False, 1, 8, True),
     ("rows 10, 8 per SM, 512 columns, first", 10, 512, 1, False, "", False, 1, 8, True),
     ("rows 10, 8 per SM, 2 warps", 10, 1024, 2, False, "", False, 1, 8, False),
@@ -108,7 +117,7 @@ CASES = [  # (name, rows per item, BLOCK_H, warps, store, store's L2 policy, rel
     ("rows 10, 4 per SM, 4 warps, first", 10, 1024, 4, False, "", False, 1, 4, True),
     ("rows 10, 14 per SM, loads first", 10, 1024, 1, False, "", False, 1, 14, True),
     ("+ release, 111, 8 per SM, first", 10, 1024, 1, True, "evict_last", True, 111, 8, True),
-    ("rows 10, 8 per SM", 10, 1024, 1, False, "", False, 1, 8, False),
+    ("rows 1", 1, 1024, 1, False, "", False, 1, 0, False),
 ]
 
 
