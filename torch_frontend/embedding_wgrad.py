@@ -516,6 +516,13 @@ def _merge_rank_kernel(
 
 
 @triton.jit
+def _counted(cmp, same):
+    """[BLOCK_I, chunks] per-chunk counts of two [BLOCK_I, chunks, CHUNK_SIZE] compares, packed in one sum: (cmp, same)."""
+    per_chunk = tl.sum(cmp.to(tl.int32) * _PACK + same.to(tl.int32), axis=2)
+    return per_chunk // _PACK, per_chunk % _PACK
+
+
+@triton.jit
 def _rank_kernel(
     ids_ptr,  # int32/int64 [n]: token ids in position order
     ws_ptr,  # int32 workspace out: sorted keys, positions, run starts and ends, partial_ord at _AUX * n; the long-run counter zeroed
@@ -557,9 +564,8 @@ def _rank_kernel(
     for j0 in range(0, i0, BLOCK_J):
         j3 = j0 + offsets
         key_j3 = _load_keys(ids_ptr, j3, j3 < i0, num_embeddings, padding_idx)[None, :, :]
-        per_chunk = tl.sum((key_j3 <= k3).to(tl.int32) * _PACK + (key_j3 == k3).to(tl.int32), axis=2)
-        same = per_chunk % _PACK
-        before += tl.sum(per_chunk // _PACK, axis=1)
+        le, same = _counted(key_j3 <= k3, key_j3 == k3)
+        before += tl.sum(le, axis=1)
         chunks += tl.sum((same > 0).to(tl.int32), axis=1)
         same_before += tl.sum(same, axis=1)
     # Inside the block, ties go by position: chunk by chunk.
@@ -579,9 +585,9 @@ def _rank_kernel(
     for j0 in range(i0 + BLOCK_I, n, BLOCK_J):
         j3 = j0 + offsets
         key_j3 = _load_keys(ids_ptr, j3, j3 < n, num_embeddings, padding_idx)[None, :, :]
-        per_chunk = tl.sum((key_j3 < k3).to(tl.int32) * _PACK + (key_j3 == k3).to(tl.int32), axis=2)
-        before += tl.sum(per_chunk // _PACK, axis=1)
-        same_after += tl.sum(per_chunk % _PACK, axis=1)
+        lt, later_same = _counted(key_j3 < k3, key_j3 == k3)
+        before += tl.sum(lt, axis=1)
+        same_after += tl.sum(later_same, axis=1)
     run_start = before - same_before
     tl.store(ws_ptr + _KEYS * n + before, key_i, mask=live_i)
     tl.store(ws_ptr + _POS * n + before, i, mask=live_i)
