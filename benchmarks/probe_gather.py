@@ -37,7 +37,7 @@ READS = 81920  # row reads per case
 
 
 @triton.jit
-def _row(pos_ptr, lane, pos_v, t, grad_ptr, hidden, cols, m):
+def _row(lane, pos_v, t, grad_ptr, hidden, cols, m):
     pos_t = tl.sum(tl.where(lane == t, pos_v, 0), axis=0).to(tl.int64)
     return tl.load(grad_ptr + pos_t * hidden + cols, mask=m, other=0.0)
 
@@ -46,16 +46,16 @@ def _row(pos_ptr, lane, pos_v, t, grad_ptr, hidden, cols, m):
 def _ten_first(pos_ptr, grad_ptr, hidden, cols, m):
     lane = tl.arange(0, 16)
     pos_v = tl.load(pos_ptr + lane, mask=lane < 10, other=0)
-    g0 = _row(pos_ptr, lane, pos_v, 0, grad_ptr, hidden, cols, m)
-    g1 = _row(pos_ptr, lane, pos_v, 1, grad_ptr, hidden, cols, m)
-    g2 = _row(pos_ptr, lane, pos_v, 2, grad_ptr, hidden, cols, m)
-    g3 = _row(pos_ptr, lane, pos_v, 3, grad_ptr, hidden, cols, m)
-    g4 = _row(pos_ptr, lane, pos_v, 4, grad_ptr, hidden, cols, m)
-    g5 = _row(pos_ptr, lane, pos_v, 5, grad_ptr, hidden, cols, m)
-    g6 = _row(pos_ptr, lane, pos_v, 6, grad_ptr, hidden, cols, m)
-    g7 = _row(pos_ptr, lane, pos_v, 7, grad_ptr, hidden, cols, m)
-    g8 = _row(pos_ptr, lane, pos_v, 8, grad_ptr, hidden, cols, m)
-    g9 = _row(pos_ptr, lane, pos_v, 9, grad_ptr, hidden, cols, m)
+    g0 = _row(lane, pos_v, 0, grad_ptr, hidden, cols, m)
+    g1 = _row(lane, pos_v, 1, grad_ptr, hidden, cols, m)
+    g2 = _row(lane, pos_v, 2, grad_ptr, hidden, cols, m)
+    g3 = _row(lane, pos_v, 3, grad_ptr, hidden, cols, m)
+    g4 = _row(lane, pos_v, 4, grad_ptr, hidden, cols, m)
+    g5 = _row(lane, pos_v, 5, grad_ptr, hidden, cols, m)
+    g6 = _row(lane, pos_v, 6, grad_ptr, hidden, cols, m)
+    g7 = _row(lane, pos_v, 7, grad_ptr, hidden, cols, m)
+    g8 = _row(lane, pos_v, 8, grad_ptr, hidden, cols, m)
+    g9 = _row(lane, pos_v, 9, grad_ptr, hidden, cols, m)
     acc = g0.to(tl.float32) + g1.to(tl.float32)
     acc += g2.to(tl.float32)
     acc += g3.to(tl.float32)

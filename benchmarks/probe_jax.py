@@ -130,10 +130,11 @@ def main(argv):
         grad = jax.random.normal(jax.random.fold_in(key, n), (n, REAL_H), jnp.float32).astype(jnp.bfloat16)
         ids = jnp.asarray(ids_for(dist, n, REAL_V), jnp.int32)
         rows = np.unique(np.asarray(ids))
+        start = jnp.array(main_grad, copy=True)  # each variant's bits against the default's from it (the chains change main_grad)
+        base = np.asarray(ew._accumulate(ids, grad, jnp.array(start, copy=True))[rows]).view(np.int32)
         for name in only:
-            try:  # each variant's bits against the default's, from the same main_grad (the chains change it)
-                base = np.asarray(ew._accumulate(ids, grad, jnp.array(main_grad, copy=True))[rows]).view(np.int32)
-                out = np.asarray(ew._accumulate(ids, grad, jnp.array(main_grad, copy=True), overrides=VARIANTS[name])[rows]).view(np.int32)
+            try:
+                out = np.asarray(ew._accumulate(ids, grad, jnp.array(start, copy=True), overrides=VARIANTS[name])[rows]).view(np.int32)
                 if not (out == base).all():
                     print(f"n={n:6d} {dist:7s} {name}: DIFFERENT from the default", flush=True)
                 ms, main_grad = chain_ms(lambda mg, o=VARIANTS[name]: ew._accumulate(ids, grad, mg, overrides=o), main_grad)
