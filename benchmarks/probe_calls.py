@@ -104,6 +104,17 @@ VARIANTS = {
     "maxnreg 120": dict(partial_maxnreg=120),
     "maxnreg 112": dict(partial_maxnreg=112),
     "maxnreg 96": dict(partial_maxnreg=96),
+    # v20: a register target above the compiler's own (140 under Triton 3.6): ptxas then keeps more
+    # of a ten-row partial's rows in flight (maxnreg 184: positions 1-7 at once, then about six
+    # rows), and fewer programs fit an SM (12 / 11 / 10 / 9 at 168 / 184 / 200 / 216, which takes
+    # 204; below 168 ptxas spills). Triton 3.9 compiles the kernel to 185 registers on its own (NOTES v20).
+    # 168 is now the sort path's default (PARTIAL_MAXNREG); "own registers" is ptxas' choice.
+    "own registers": dict(partial_maxnreg=None),
+    "maxnreg 168": dict(partial_maxnreg=168),
+    "maxnreg 184": dict(partial_maxnreg=184),
+    "maxnreg 200": dict(partial_maxnreg=200),
+    "maxnreg 216": dict(partial_maxnreg=216),  # ptxas takes 204
+    "maxnreg 168 fold 32": dict(partial_maxnreg=168, fold_batch=32),  # the folders load 32 partials at once (no spills offline)
     # v19: two-warp partials programs (more warps in flight per SM while the long runs' partials are
     # summed; v9 item 6 measured them much slower in an older kernel).
     "partial warps 2": dict(partial_warps=2),

@@ -1,7 +1,8 @@
 """Registers and stack of the torch sort path's partials kernel as the H200 compiles it, offline (sm_90).
 
-    python scripts/registers.py                          (the default constexprs)
-    python scripts/registers.py RECORD_HINT=0 maxnreg=144 ...   (overrides; several sets: one per argument group, ';'-separated)
+    python scripts/registers.py                          (the default constexprs and register target, PARTIAL_MAXNREG)
+    python scripts/registers.py RECORD_HINT=0 maxnreg=144 ...   (overrides; several sets: one per argument group, ';'-separated;
+                                                          maxnreg=0: ptxas' own choice)
 
 The GPU launch specialises what compile_check.py leaves generic: pointers and sizes divisible
 by 16 (so grad rows load as 16-byte vectors), grad_dim1 = grad_stride_h = 1, one warp. Without
@@ -67,7 +68,7 @@ def usage(constexprs: dict, maxnreg=None) -> str:
 
 
 def parse(arg: str):
-    constexprs, maxnreg = defaults(), None
+    constexprs, maxnreg = defaults(), ew.PARTIAL_MAXNREG  # as _config sets it on the sort path
     for item in filter(None, arg.split()):
         name, value = item.split("=")
         if name == "maxnreg":

@@ -136,6 +136,17 @@ FOLD_TAIL = tl.constexpr(4)
 #: off against none at 8192 uniform ids (12 to 36 measured alike; NOTES v10).
 TAIL_PROGRAMS_PER_SM = 24
 
+#: Sort path: ptxas' register target for the partials kernel (its maxnreg). Left to itself,
+#: ptxas gives it 139-141 registers under Triton 3.6 (14 one-warp programs per SM) and 185 under
+#: Triton 3.9 (11 per SM). At 168, the most with which 12 programs fit an SM, Triton 3.6's ptxas
+#: spills nothing and keeps more of a ten-row partial's positions and rows in flight, and so does
+#: Triton 3.9's. H200, Triton 3.6, graph replay, two calls (NOTES v20), compiler's choice / 168:
+#: 8192 Zipf 92.2-92.5 / 90.8-91.3 us, 16384 Zipf 179.8-181.0 / 178.6-179.5, 32768 Zipf
+#: 336.9-339.6 / 334.4-334.9, 131072 Zipf 1094 / 1079; uniform ids within 0.4 us (4096: 85.9-86.2
+#: / 86.3). Targets of 184-204 registers (10-11 programs per SM, as Triton 3.9's own choice)
+#: measured 5-10% slower everywhere, and below 168 ptxas spills.
+PARTIAL_MAXNREG = 168
+
 #: (BLOCK_I, BLOCK_J) of _rank_kernel (feature path) on a GPU, multiples of CHUNK: one chunk of
 #: tokens per program (32 programs for 1024 tokens), 8 chunks compared per step (4 steps).
 RANK_TILES = (CHUNK, 8 * CHUNK)
@@ -1153,7 +1164,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         runs_block=1024,
         block_h=block_h,
         partial_warps=1,
-        partial_maxnreg=None,
+        partial_maxnreg=None if feature else PARTIAL_MAXNREG,
         partial_programs=next((per_sm for bound, per_sm in SMALL_PARTIAL_PROGRAMS_PER_SM if n <= bound), PARTIAL_PROGRAMS_PER_SM) * sms,
         prefetch=True,
         record_hint=RECORD_HINT,
