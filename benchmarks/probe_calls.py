@@ -25,6 +25,9 @@ VARIANTS = {
     # "fold kernel" folds them in the long-run kernel, started early, at every size.
     "fold kernel": dict(fold_programs=0),
     "fold role": dict(fold_programs=4 * SMS),
+    # v20: with 12 programs per SM (PARTIAL_MAXNREG) the 4 folders per SM hold a third of the slots.
+    "fold role 3": dict(fold_programs=3 * SMS),
+    "fold role 5": dict(fold_programs=5 * SMS),
     # v9 (not yet measured): the merge kernel's searches spread over more programs. At 4096
     # tokens its 1024 lanes per program make 64 programs (about half the SMs), each thread
     # issuing 16 scattered loads per search step; 256 or 512 lanes make 4x or 2x the programs.
