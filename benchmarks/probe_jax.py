@@ -59,6 +59,9 @@ VARIANTS = {
     "rank warps 16 bj 1024": (("rank_warps", 16), ("block_j", 1024)),
     # v19 (as probe_calls.py): merge blocks of 512 tokens
     "merge_block 512": (("merge_block", 512),),
+    # v20: Triton's software-pipelining stages for every kernel of the call (default 2), never varied.
+    "stages 1": (("num_stages", 1),),
+    "stages 3": (("num_stages", 3),),
 }
 
 
