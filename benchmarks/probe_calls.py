@@ -61,6 +61,7 @@ VARIANTS = {
     # after them (the default), loaded before them (as up to v11), or loaded after them unasked.
     "record first": dict(record_hint=False),
     "no L1 hint": dict(l1_hint=False),
+    "L1 hint": dict(l1_hint=True),  # v20: off by default since the register target (RECORD_L1_HINT)
     # v12: fewer partials programs (each pays a header and a record round trip before its rows).
     "pp 128": dict(partial_programs=128 * SMS),
     "pp 96": dict(partial_programs=96 * SMS),

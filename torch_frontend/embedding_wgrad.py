@@ -111,9 +111,17 @@ FIRST_TOKENS = 256
 #: -4.4 us at the same points), so it stores them plainly.
 SCRATCH_EVICT_LAST = True
 
-#: Sort path: the partials kernel asks the next item's record into L1 before the current item's
-#: rows and loads it after them, rather than loading it before them (NOTES v12).
+#: Sort path: the partials kernel loads the next item's record after the current item's rows,
+#: rather than before them (NOTES v12).
 RECORD_HINT = True
+
+#: ... having asked it into L1 (prefetch.global.L1) before the rows. With ptxas' own 139
+#: registers that hint kept each item from waiting for the record's round trip (NOTES v12); with
+#: the register target of 168 (PARTIAL_MAXNREG) it costs time instead. H200, graph replay, two
+#: calls (NOTES v20 item 10), hint / none: 4096 Zipf 55.0-55.2 / 54.3-54.4 us, 8192 Zipf
+#: 91.1-91.4 / 90.1-90.4, 32768 Zipf 334.0-336.8 / 333.5-334.2, 32768 uniform 576.9-577.0 /
+#: 576.4-576.5; 4096 and 8192 uniform within 0.5, 16384 Zipf within 0.2.
+RECORD_L1_HINT = False
 
 #: Merge sort: a token whose id occurs once in the call (most tokens, for ids spread over a large
 #: vocabulary) needs no plan. The merge kernel's last programs count every id (integer atomics
@@ -1108,7 +1116,7 @@ class _Config:
     partial_programs: int  # sort path: _partials_kernel's programs, which stride the partials
     prefetch: bool  # sort path: _partials_kernel loads the next item's record before this item's rows
     record_hint: bool  # sort path: ... after them, having asked it into L1 before them (RECORD_HINT)
-    l1_hint: bool  # that L1 hint (probes turn it off to measure it)
+    l1_hint: bool  # that L1 hint (RECORD_L1_HINT; probes turn it on to measure it)
     tail_programs: int  # sort path: its last programs (but the folders), which take the last items, one each
     fold_programs: int  # sort path: _partials_kernel programs that fold the long runs (0, and on the feature path: _long_runs_kernel does)
     fold_h: int  # columns of one of their items
@@ -1168,7 +1176,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         partial_programs=next((per_sm for bound, per_sm in SMALL_PARTIAL_PROGRAMS_PER_SM if n <= bound), PARTIAL_PROGRAMS_PER_SM) * sms,
         prefetch=True,
         record_hint=RECORD_HINT,
-        l1_hint=True,
+        l1_hint=RECORD_L1_HINT,
         tail_programs=0 if feature else TAIL_PROGRAMS_PER_SM * sms,
         fold_programs=FOLD_PROGRAMS_PER_SM * sms if not feature and n <= FOLD_ROLE_MAX_TOKENS else 0,
         fold_h=256,
