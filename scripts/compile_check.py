@@ -43,7 +43,7 @@ def compile_one(fn, types, constexprs, num_warps=4, divisible=(), **options):
     """fn compiled for TARGET; the arguments named in divisible are marked multiples of 16, as a launch specialises them."""
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in divisible}
     src = ASTSource(fn=fn, signature=signature(fn, types, constexprs), constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=TARGET, options={"num_warps": num_warps, **options})
+    return triton.compile(src, target=TARGET, options={"num_warps": num_warps, "enable_fp_fusion": False, **options})  # as _Launcher
 
 
 def variants():

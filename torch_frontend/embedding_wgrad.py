@@ -1216,7 +1216,11 @@ class _Launcher:
         grid = tuple(grid) + (1,) * (3 - len(grid))
         constexprs["PDL"] = pdl
         if self.replay is None:
-            options = {"num_warps": num_warps}
+            # No FMA contraction: every sum's rounding is PyTorch's only if no multiply-add is
+            # ever fused into one rounding. The kernels have no float multiply today (the SASS
+            # of every variant is the same either way, Triton 3.6), so this pins the arithmetic
+            # against a later edit or Triton's default (which Triton 3.9 warns will change).
+            options = {"num_warps": num_warps, "enable_fp_fusion": False}
             if pdl:
                 options["launch_pdl"] = True
             if maxnreg is not None:
