@@ -117,7 +117,7 @@ RECORD_HINT = True
 
 #: ... having asked it into L1 (prefetch.global.L1) before the rows. With ptxas' own 139
 #: registers that hint kept each item from waiting for the record's round trip (NOTES v12); with
-#: the register target of 168 (PARTIAL_MAXNREG) it costs time instead. H200, graph replay, two
+#: the register target of 168 (PARTIAL_MAXNREG) it costs time instead. H200, graph replay, three
 #: calls (NOTES v20 item 10), hint / none: 4096 Zipf 55.0-55.2 / 54.3-54.4 us, 8192 Zipf
 #: 91.1-91.4 / 90.1-90.4, 32768 Zipf 334.0-336.8 / 333.5-334.2, 32768 uniform 576.9-577.0 /
 #: 576.4-576.5; 4096 and 8192 uniform within 0.5, 16384 Zipf within 0.2.
@@ -1115,8 +1115,8 @@ class _Config:
     partial_maxnreg: int | None  # ptxas register cap of _partials_kernel (None: the compiler's choice)
     partial_programs: int  # sort path: _partials_kernel's programs, which stride the partials
     prefetch: bool  # sort path: _partials_kernel loads the next item's record before this item's rows
-    record_hint: bool  # sort path: ... after them, having asked it into L1 before them (RECORD_HINT)
-    l1_hint: bool  # that L1 hint (RECORD_L1_HINT; probes turn it on to measure it)
+    record_hint: bool  # sort path: ... after them (RECORD_HINT)
+    l1_hint: bool  # with record_hint, ask the record into L1 before the rows (RECORD_L1_HINT; probes turn it on)
     tail_programs: int  # sort path: its last programs (but the folders), which take the last items, one each
     fold_programs: int  # sort path: _partials_kernel programs that fold the long runs (0, and on the feature path: _long_runs_kernel does)
     fold_h: int  # columns of one of their items
