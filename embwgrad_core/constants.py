@@ -51,6 +51,13 @@ FOLD_ROLE_MAX_TOKENS = 8192
 #: Programs per SM that fold long runs inside the partials kernel (NOTES v8: 2 and 8 measured slower).
 FOLD_PROGRAMS_PER_SM = 4
 
+#: Feature path with bf16 grads, from this many tokens, in both frontends: the long runs' partials
+#: go to scratch as bf16 bits, half the bytes of fp32, the same bits after the fold (PyTorch
+#: rounds each of them to bf16 before any use). H200, torch (JAX): 2048 Zipf 70.8 -> 63.2 us
+#: (68.0 -> 58.3), 3072 Zipf 103.1 -> 90.5 (97.1 -> 83.1), but 1024 Zipf 40.1 -> 41.7 (42.7 ->
+#: 44.0); 1024 uniform unchanged (benchmarks/NOTES.md v18 item 4). An implementation choice, not arithmetic.
+BF16_SCRATCH_MIN_TOKENS = 2048
+
 #: Path names, as :func:`embwgrad_core.plan.torch_path` returns them.
 FEATURE = "feature"
 SORT = "sort"

@@ -73,6 +73,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from embwgrad_core import (
+    BF16_SCRATCH_MIN_TOKENS,
     CHUNK,
     FEATURE,
     FOLD_PROGRAMS_PER_SM,
@@ -168,10 +169,6 @@ def _load_keys(ids_ref, start, size: int, *, n: int, num_embeddings: int, paddin
 
 #: Feature path: rows of a partial loaded at once after its first (as the torch twin).
 FEATURE_BATCH = 4
-#: Feature path with bf16 grads, from this many tokens: the long runs' partials go to scratch as
-#: bf16 bits (as the torch twin). H200 chains: 2048 Zipf 68.0 -> 58.3 us, 3072 Zipf 97.1 -> 83.1,
-#: 1024 Zipf 42.7 -> 44.0 (NOTES v18 item 4).
-BF16_SCRATCH_MIN_TOKENS = 2048
 #: A long run's partials past its last whole batch are folded FOLD_TAIL at a time (_fold).
 FOLD_TAIL = 4
 

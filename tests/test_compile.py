@@ -11,15 +11,19 @@ from tests.conftest import HAS_CUDA
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _script_output(name: str) -> str:
+    """stdout of scripts/<name>, which must succeed. A fresh process: the scripts need Triton's
+    compiler, not the interpreter the CPU tests use."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="for CPU-only CI: on a GPU every kernel is compiled and run by the GPU tests")
 def test_triton_kernels_compile_for_hopper():
-    # A fresh process: the check needs Triton's compiler, not the interpreter the CPU tests use.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "compile_check.py")], env=env, capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("ok ") >= 40, proc.stdout
+    out = _script_output("compile_check.py")
+    assert out.count("ok ") >= 40, out
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="for CPU-only CI: on a GPU the benchmarks measure the kernel as compiled")
@@ -27,10 +31,5 @@ def test_partials_kernel_fits_its_register_target_without_spills():
     # The sort path's partials kernel is launched with a register target (PARTIAL_MAXNREG: 12
     # one-warp programs per SM; benchmarks/NOTES.md v20). If an edit, or another Triton, makes
     # it spill there, its speed must be measured again.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "registers.py")], env=env, capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = proc.stdout.strip().splitlines()[-1]
+    line = _script_output("registers.py").strip().splitlines()[-1]
     assert " 0 B stack, 0 spill instructions" in line, line

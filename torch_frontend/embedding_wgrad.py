@@ -66,7 +66,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime import driver
 from triton.runtime.interpreter import InterpretedFunction
 
-from embwgrad_core import CHUNK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, merge_block, merge_tiles, partial_buffer_rows, torch_path
+from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, merge_block, merge_tiles, partial_buffer_rows, torch_path
 from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args
@@ -166,11 +166,6 @@ INTERPRET_RANK_TILES = (8 * CHUNK, 8 * CHUNK)
 #: took 8.6 us off a call at 3072 Zipf, 5.7 at 2048 Zipf, 2.3 at 1024 uniform (8 warps within
 #: 0.6 us of 16; NOTES v18 item 1).
 RANK_WARPS = 16
-#: Feature path with bf16 grads, from this many tokens: the long runs' partials go to scratch
-#: as bf16 bits, half the bytes of fp32, the same bits after the fold (_to_scratch). H200, torch
-#: (JAX): 2048 Zipf 70.8 -> 63.2 us (68.0 -> 58.3), 3072 Zipf 103.1 -> 90.5 (97.1 -> 83.1), but
-#: 1024 Zipf 40.1 -> 41.7 (42.7 -> 44.0); 1024 uniform unchanged (NOTES v18 item 4).
-BF16_SCRATCH_MIN_TOKENS = 2048
 
 _INT32_MAX = tl.constexpr(2**31 - 1)
 #: _rank_kernel packs two counts of one chunk's compares into an int32: a * _PACK + b, b <= CHUNK.
