@@ -145,14 +145,15 @@ FOLD_TAIL = tl.constexpr(4)
 TAIL_PROGRAMS_PER_SM = 24
 
 #: Sort path: ptxas' register target for the partials kernel (its maxnreg). Left to itself,
-#: ptxas gives it 139-141 registers under Triton 3.6 (14 one-warp programs per SM) and 185 under
-#: Triton 3.9 (11 per SM). At 168, the most with which 12 programs fit an SM, Triton 3.6's ptxas
-#: spills nothing and keeps more of a ten-row partial's positions and rows in flight, and so does
-#: Triton 3.9's. H200, Triton 3.6, graph replay, two calls (NOTES v20), compiler's choice / 168:
-#: 8192 Zipf 92.2-92.5 / 90.8-91.3 us, 16384 Zipf 179.8-181.0 / 178.6-179.5, 32768 Zipf
-#: 336.9-339.6 / 334.4-334.9, 131072 Zipf 1094 / 1079; uniform ids within 0.4 us (4096: 85.9-86.2
-#: / 86.3). Targets of 184-204 registers (10-11 programs per SM, as Triton 3.9's own choice)
-#: measured 5-10% slower everywhere, and below 168 ptxas spills.
+#: ptxas gave it 139-141 registers under Triton 3.6 (14 one-warp programs per SM) while the
+#: record's L1 hint was on, and gives it 184 under Triton 3.6 and 186 under Triton 3.9 without it
+#: (11 per SM). At 168, the most with which 12 programs fit an SM, neither spills, and ptxas keeps
+#: more of a ten-row partial's positions and rows in flight than at 139. H200, Triton 3.6, graph
+#: replay, two calls (NOTES v20), 139 registers / 168: 8192 Zipf 92.2-92.5 / 90.8-91.3 us, 16384
+#: Zipf 179.8-181.0 / 178.6-179.5, 32768 Zipf 336.9-339.6 / 334.4-334.9, 131072 Zipf 1094 / 1079;
+#: uniform ids within 0.4 us (4096: 85.9-86.2 / 86.3). Targets of 184-204 registers (9-11
+#: programs per SM) measured 5-10% slower everywhere, and ptxas' own 184 today 4096 uniform 91.8
+#: against 85.8, 8192 Zipf 108.5 against 90.0 (NOTES v21 item 3); below 168 ptxas spills.
 PARTIAL_MAXNREG = 168
 
 #: (BLOCK_I, BLOCK_J) of _rank_kernel (feature path) on a GPU, multiples of CHUNK: one chunk of
