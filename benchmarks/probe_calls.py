@@ -142,7 +142,7 @@ def main(argv):
                 torch_frontend.accumulate(ids, grad, work)
                 exact = same_bits(work, expected)
                 if (n, dist) == POINTS[0]:  # each kernel's registers and spills, once per variant
-                    kernels = [k for call in ew._CALLS.values() for k in call]
+                    kernels = [k for call in ew._CALLS.values() for k in call.kernels]
                     print(name, ", ".join(f"{k.name.split('_kernel')[0]} {k.n_regs} regs {k.n_spills} spills" for k in kernels), flush=True)
                 graph = graph_ms(lambda work=work: torch_frontend.accumulate(ids, grad, work)) * 1e3
                 eager = median_ms(lambda work=work: torch_frontend.accumulate(ids, grad, work)) * 1e3

@@ -8,6 +8,7 @@ synchronisation, extra memory.
 """
 
 import dataclasses
+from types import SimpleNamespace
 
 import ml_dtypes
 import numpy as np
@@ -272,6 +273,48 @@ def test_can_accumulate():
     ids, grad, main_grad = _good()
     assert torch_frontend.can_accumulate(ids, grad, main_grad)
     assert not torch_frontend.can_accumulate(ids.float(), grad, main_grad)
+
+
+class _FakeCompiled:
+    """Stands in for a CompiledKernel: kernel[grid](*args, stream=...) records the launch."""
+
+    def __init__(self, launches):
+        self.launches = launches
+
+    def __getitem__(self, grid):
+        return lambda *args, stream=None: self.launches.append((grid, args, stream))
+
+
+def test_replay_launches_each_call_with_its_own_tensors(monkeypatch):
+    # The mechanism on the CPU (the GPU tests run it for real): each tensor argument of a recorded
+    # launch is the caller's ids, grad or main_grad, or scratch the call allocated, which a
+    # replay allocates afresh with the same shape and dtype; every other argument is kept.
+    launches = []
+    fake = _FakeCompiled(launches)
+    monkeypatch.setattr(ew, "driver", SimpleNamespace(active=SimpleNamespace(get_current_stream=lambda index: 1234)))
+    ids, grad, main_grad = torch.zeros(6, dtype=torch.int32), torch.zeros(6, 4), torch.zeros(9, 4)
+    launcher = ew._Launcher()
+    ws = launcher.empty(20, dtype=torch.int32, device="cpu")
+    partials = launcher.empty(2, 4, dtype=torch.float32, device="cpu")
+    launcher.recorded += [(fake, (3, 1, 1), (ids, ws, 6, grad, None)), (fake, (5, 2, 1), (ws, partials, main_grad, 7, True))]
+    replay = ew._Replay(launcher, ids, grad, main_grad, copy_grad=True)
+    assert all(not isinstance(a, torch.Tensor) for _, _, fixed, _ in replay.launches for a in fixed)  # it keeps no tensor
+
+    ids2, main_grad2 = torch.ones(6, dtype=torch.int32), torch.ones(9, 4)
+    grad2 = torch.arange(24.0).view(4, 6).t()  # [6, 4], strided: copy_grad makes it contiguous
+    replay(ids2, grad2, main_grad2)
+    (grid1, args1, stream1), (grid2, args2, stream2) = launches
+    assert (grid1, grid2, stream1, stream2) == ((3, 1, 1), (5, 2, 1), 1234, 1234)
+    assert args1[0] is ids2 and args2[2] is main_grad2
+    assert args1[3].is_contiguous() and torch.equal(args1[3], grad2)
+    assert args1[2] == 6 and args1[4] is None and args2[3:] == (7, True)
+    new_ws, new_partials = args1[1], args2[1]
+    assert args2[0] is new_ws and new_ws is not ws and new_partials is not partials
+    assert (new_ws.shape, new_ws.dtype, new_partials.shape, new_partials.dtype) == (ws.shape, ws.dtype, partials.shape, partials.dtype)
+
+    launcher.recorded.append((fake, (1, 1, 1), (torch.zeros(3),)))  # a tensor that is neither the caller's nor scratch
+    with pytest.raises(KeyError):
+        ew._Replay(launcher, ids, grad, main_grad, copy_grad=False)
 
 
 # ----------------------------------------------------------------------------- GPU

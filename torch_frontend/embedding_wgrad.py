@@ -1190,45 +1190,83 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
 
 
 class _Launcher:
-    """Launches one call's kernels in order: records them the first time, replays them later.
-
-    Triton's generic launch (kernel[grid](...)) binds and specialises every argument in Python:
-    15-40 us of host time per kernel on the H200 machine, more than the GPU time of a call for
-    n <= 8192. A call's kernels are fully determined by _call_key, so the first call of a key
-    records the CompiledKernel each launch returns, and later calls of that key launch those
-    directly, as Triton's fused-softmax tutorial does (every argument, constexprs included, in
-    signature order). Under the interpreter, and in tests that call a stage alone, every launch
-    takes the generic path.
+    """Launches a call's kernels through Triton's generic launch (kernel[grid](...)), in order,
+    and keeps what _Replay needs: each CompiledKernel with its grid and arguments (constexprs
+    included, in signature order), and the scratch tensors the stages allocated (empty).
     """
 
-    def __init__(self, replay=None, device_index=None):
-        self.replay = replay  # CompiledKernels to launch, in order; None: the generic path
-        self.recorded = []
-        # The raw current stream, as Triton's own launch takes it (torch.cuda.current_stream()
-        # builds a Stream object: 8 us of host time on the H200 machine).
-        self.stream = None if replay is None else driver.active.get_current_stream(device_index)
+    def __init__(self):
+        self.recorded = []  # (CompiledKernel or None, grid, every argument in signature order)
+        self.scratch = []
+
+    def empty(self, *shape, dtype, device) -> torch.Tensor:
+        """torch.empty, kept: a replay allocates its twin afresh (its contents are never read before written)."""
+        t = torch.empty(*shape, dtype=dtype, device=device)
+        self.scratch.append(t)
+        return t
 
     def __call__(self, kernel, grid, args, num_warps, maxnreg=None, pdl=False, **constexprs):
         grid = tuple(grid) + (1,) * (3 - len(grid))
         constexprs["PDL"] = pdl
-        if self.replay is None:
-            # No FMA contraction: every sum's rounding is PyTorch's only if no multiply-add is
-            # ever fused into one rounding. The kernels have no float multiply today (the SASS
-            # of every variant is the same either way, Triton 3.6), so this pins the arithmetic
-            # against a later edit or Triton's default (which Triton 3.9 warns will change).
-            options = {"num_warps": num_warps, "enable_fp_fusion": False}
-            if pdl:
-                options["launch_pdl"] = True
-            if maxnreg is not None:
-                options["maxnreg"] = maxnreg
-            self.recorded.append(kernel[grid](*args, **options, **constexprs))
-            return
-        compiled = self.replay[len(self.recorded)]
-        self.recorded.append(compiled)
-        compiled[grid](*args, *(constexprs[name] for name in kernel.arg_names[len(args) :]), stream=self.stream)
+        # No FMA contraction: every sum's rounding is PyTorch's only if no multiply-add is
+        # ever fused into one rounding. The kernels have no float multiply today (the SASS
+        # of every variant is the same either way, Triton 3.6), so this pins the arithmetic
+        # against a later edit or Triton's default (which Triton 3.9 warns will change).
+        options = {"num_warps": num_warps, "enable_fp_fusion": False}
+        if pdl:
+            options["launch_pdl"] = True
+        if maxnreg is not None:
+            options["maxnreg"] = maxnreg
+        compiled = kernel[grid](*args, **options, **constexprs)
+        self.recorded.append((compiled, grid, (*args, *(constexprs[name] for name in kernel.arg_names[len(args) :]))))
 
 
-_CALLS = {}  # _call_key -> the CompiledKernels of one call, in launch order
+class _Replay:
+    """One call's launches, replayed by every later call of its _call_key.
+
+    Triton's generic launch binds and specialises every argument in Python, 15-40 us of host
+    time per kernel on the H200 machine, and the stages' own Python (the config, the grids, the
+    integer arguments) adds more: together more than the GPU time of a call for n <= 8192. All
+    of it is fixed by _call_key but the tensors: the caller's ids, grad and main_grad, and the
+    scratch the stages allocate. So the first call of a key records its launches (_Launcher),
+    and a later call allocates the same scratch and launches the same CompiledKernels with the
+    same arguments, its own tensors in their places, as Triton's fused-softmax tutorial
+    launches a compiled kernel. Only calls whose device work is all Triton launches are
+    replayed (not the torch.sort route above MERGE_SORT_MAX_TOKENS, whose sort is torch's).
+    """
+
+    def __init__(self, launcher: _Launcher, ids, grad, main_grad, copy_grad: bool):
+        slot = {id(t): i for i, t in enumerate((ids, grad, main_grad, *launcher.scratch))}
+        self.scratch = [(tuple(t.shape), t.dtype) for t in launcher.scratch]
+        self.copy_grad = copy_grad  # grad's strides need the contiguous copy the stages made
+        self.launches = []  # (CompiledKernel, grid, arguments with None for tensors, ((index, slot), ...))
+        for compiled, grid, args in launcher.recorded:
+            if compiled is None:
+                raise ValueError("a launch returned no CompiledKernel")
+            tensors = tuple((i, slot[id(a)]) for i, a in enumerate(args) if isinstance(a, torch.Tensor))  # KeyError: another tensor
+            self.launches.append((compiled, grid, [None if isinstance(a, torch.Tensor) else a for a in args], tensors))
+
+    @property
+    def kernels(self) -> list:
+        """The CompiledKernels, in launch order (the probes print their registers)."""
+        return [compiled for compiled, *_ in self.launches]
+
+    def __call__(self, ids, grad, main_grad) -> None:
+        if self.copy_grad:
+            grad = grad.contiguous()
+        device = main_grad.device
+        tensors = [ids, grad, main_grad, *(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.scratch)]
+        # The raw current stream, as Triton's own launch takes it (torch.cuda.current_stream()
+        # builds a Stream object: 8 us of host time on the H200 machine).
+        stream = driver.active.get_current_stream(device.index)
+        for compiled, grid, fixed, places in self.launches:
+            args = fixed.copy()
+            for i, t in places:
+                args[i] = tensors[t]
+            compiled[grid](*args, stream=stream)
+
+
+_CALLS = {}  # _call_key -> _Replay
 
 
 def _call_key(ids, grad, main_grad, problem: Problem, path: str):
@@ -1324,11 +1362,11 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
     n = problem.num_tokens
     group = min(cfg.first_tokens // cfg.merge_u, _HEADER.value - _STATUS0.value) if cfg.sort == "merge" else 0
     group_cap = group * cfg.merge_u
-    ws = torch.empty(_group_records_start(n, cfg.max_long_runs) + 2 * group_cap * _REC_FIELDS.value, dtype=torch.int32, device=ids.device)
+    ws = launch.empty(_group_records_start(n, cfg.max_long_runs) + 2 * group_cap * _REC_FIELDS.value, dtype=torch.int32, device=ids.device)
     keys_args = (ids, ws, n, problem.num_embeddings, problem.padding_idx)
     if cfg.sort == "merge":
         lone = min(n, cfg.lone_tokens)
-        counts = torch.empty(problem.num_embeddings, dtype=torch.int32, device=ids.device) if lone else None  # zeroed where read
+        counts = launch.empty(problem.num_embeddings, dtype=torch.int32, device=ids.device) if lone else None  # zeroed where read
         plan = _Plan(ws, n, cfg.max_long_runs, group_cap, ids if lone else None, counts, lone)
         merge_programs = triton.cdiv(n, cfg.merge_u)
         block_i = min(cfg.merge_block, cfg.merge_block_i)
@@ -1409,8 +1447,8 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
     first_rows = (ids, problem.num_embeddings, cfg.l2_prefetch_tokens if prefetch else 0) if prefetch or lone else (plan.workspace, 0, 0)
     if cfg.bf16_scratch and (cfg.path != FEATURE or problem.grad_dtype != "bfloat16"):
         raise ValueError(f"bf16_scratch needs the feature path and a bf16 grad, got {cfg.path} and {problem.grad_dtype}")
-    partials = torch.empty(partial_buffer_rows(n, cfg.path), hidden, dtype=torch.int16 if cfg.bf16_scratch else torch.float32,
-                           device=main_grad.device)
+    partials = launch.empty(partial_buffer_rows(n, cfg.path), hidden, dtype=torch.int16 if cfg.bf16_scratch else torch.float32,
+                            device=main_grad.device)
     items = n * triton.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
     folders = cfg.fold_programs
     programs = items if cfg.path == FEATURE else min(items, cfg.partial_programs) + folders
@@ -1467,15 +1505,25 @@ def _long_runs_stage(plan: _Plan, partials, main_grad, problem: Problem, cfg: _C
 def _launch(ids, grad, main_grad, problem: Problem, path: str) -> None:
     """All four stages: ids [n] (flattened), grad [*S, H] (strides allowed), main_grad [V, H]."""
     interpret = _interpreting()
-    cfg = _config(problem, path, interpret, *((4, False) if interpret else _device_traits(main_grad.device.index)))
     key = None if interpret else _call_key(ids, grad, main_grad, problem, path)
-    launch = _Launcher(_CALLS.get(key), main_grad.device.index)
+    replay = _CALLS.get(key)
+    if replay is not None:
+        replay(ids, grad, main_grad)
+        return
+    cfg = _config(problem, path, interpret, *((4, False) if interpret else _device_traits(main_grad.device.index)))
+    copy_grad = _position_strides(grad) is None
+    if copy_grad:  # more than two strided position dimensions: one copy (here, so that a replay knows)
+        grad = grad.contiguous()
+    launch = _Launcher()
     plan = _plan_stage(ids, problem, cfg, launch)
     partials = _partials_stage(plan, grad, main_grad, problem, cfg, launch, ids)
     if cfg.fold_programs == 0:  # else the partials kernel folded the long runs
         _long_runs_stage(plan, partials, main_grad, problem, cfg, launch)
-    if key is not None and launch.replay is None and all(c is not None for c in launch.recorded):
-        _CALLS[key] = launch.recorded
+    if key is not None and cfg.sort != "torch":
+        try:
+            _CALLS[key] = _Replay(launch, ids, grad, main_grad, copy_grad)
+        except (KeyError, ValueError):  # a launch it cannot repeat: later calls take this path again (main_grad is already updated)
+            pass
 
 
 def _interpreting() -> bool:
