@@ -51,8 +51,9 @@ every partials program has started (each lets them launch after its own wait), a
 programs inside the partials kernel are a few per SM, waiting on programs that never wait.
 
 The plan lives in one int32 workspace; kernels find its arrays at multiples of n (_KEYS ...).
-A call's launches after the first of each kind go straight to the compiled kernels
-(_Launcher): Triton's generic launch costs 15-40 us of host time per kernel.
+A later call of the same shapes, dtypes and alignments replays the first one's launches
+(_Replay: the same compiled kernels and arguments, its own tensors in their places), without
+Triton's generic launch (15-40 us of host time per kernel) or the stages' Python.
 """
 
 import contextlib
