@@ -15,7 +15,8 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import sys, torch, triton, jax; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'jax', jax.__version__)" | tee "$OUT/versions.txt"
 
-timeout ${PYTEST_TIMEOUT:-300} python3 -m pytest -q -rfEs --durations=15 ${PYTEST_ARGS:--n 3 tests/} 2>&1 | tee "$OUT/pytest.log"
+# SIGINT first, so that a suite cut short still prints its failures so far (-rfEs); killed 20 s later.
+timeout -s INT -k 20 ${PYTEST_TIMEOUT:-300} python3 -m pytest -q -rfEs --durations=15 ${PYTEST_ARGS:--n 3 tests/} 2>&1 | tee "$OUT/pytest.log"
 pytest_rc=${PIPESTATUS[0]}
 timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/run.py --json "$OUT/bench.json" --png "$OUT/bench.png" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 bench_rc=${PIPESTATUS[0]}
