@@ -230,42 +230,36 @@ def main():
                     _seg_kernel[(grid,)](flat, len(segs), grad, target, pos, tot, cnt, triton.cdiv(hidden, W), hidden, W=W, P=P,
                                          BLOCK_H=1024, num_warps=1, maxnreg=168, enable_fp_fusion=False)
 
-                ok = True
-                if "chains" not in words:
-                    got = main_grad.clone()
-                    call(got)
-                    ok = same_bits(got, expected)
-                mg = main_grad.clone()
-                results[(n, dist, name)] = (graph_ms(lambda: call(mg)) * 1e3, ok)
-                print(n, dist, name, f"{results[(n, dist, name)][0]:.1f}", "exact" if ok else "DIFFERENT", len(segs), len(shorts), flush=True)
-                continue
-            part = "all"
-            if "chains" in words:
-                items, part = chains, "chains"
-            elif "hot" in words:  # the hottest run's chains alone
-                items, part = chains[chains[:, 0] == chains[0, 0]] if len(chains) else chains, "hot"
-            elif "short" in words:
-                items, part = shorts, "short"
+                check, counts = "chains" not in words, (len(segs), len(shorts))
             else:
-                items = np.concatenate([chains, shorts])
-            if len(items) == 0:
-                results[(n, dist, name)] = (0.0, True)
-                continue
-            n_chain = 0 if part == "short" else len(chains)
-            items_t = torch.from_numpy(np.ascontiguousarray(items)).cuda()
+                part = "all"
+                if "chains" in words:
+                    items, part = chains, "chains"
+                elif "hot" in words:  # the hottest run's chains alone
+                    items, part = chains[chains[:, 0] == chains[0, 0]] if len(chains) else chains, "hot"
+                elif "short" in words:
+                    items, part = shorts, "short"
+                else:
+                    items = np.concatenate([chains, shorts])
+                if len(items) == 0:
+                    results[(n, dist, name)] = (0.0, True)
+                    continue
+                n_chain = 0 if part == "short" else len(chains)
+                items_t = torch.from_numpy(np.ascontiguousarray(items)).cuda()
 
-            def call(target):
-                _probe_kernel[(len(items),)](items_t, n_chain, grad, target, pos, hidden, W=W, G=G, PF="pf" in words, BLOCK_H=1024,
-                                             num_warps=1, maxnreg=168, enable_fp_fusion=False)
+                def call(target):
+                    _probe_kernel[(len(items),)](items_t, n_chain, grad, target, pos, hidden, W=W, G=G, PF="pf" in words, BLOCK_H=1024,
+                                                 num_warps=1, maxnreg=168, enable_fp_fusion=False)
 
+                check, counts = part == "all", (len(chains), len(shorts))
             ok = True
-            if part == "all":
+            if check:  # only the variants that do the whole call
                 got = main_grad.clone()
                 call(got)
                 ok = same_bits(got, expected)
             mg = main_grad.clone()
             results[(n, dist, name)] = (graph_ms(lambda: call(mg)) * 1e3, ok)
-            print(n, dist, name, f"{results[(n, dist, name)][0]:.1f}", "exact" if ok else "DIFFERENT", len(chains), len(shorts), flush=True)
+            print(n, dist, name, f"{results[(n, dist, name)][0]:.1f}", "exact" if ok else "DIFFERENT", *counts, flush=True)
     print_variant_table("us", points, ["frontend"] + names, results, "DIFFERENT")
 
 
