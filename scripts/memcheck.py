@@ -25,33 +25,28 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from embwgrad_core import reference  # noqa: E402
-from embwgrad_core.dtypes import bits, numpy_dtype  # noqa: E402
-from tests.cases import runs_ids, uniform_ids, zipf_ids  # noqa: E402
+from embwgrad_core.dtypes import bits  # noqa: E402
+from tests.cases import Case, runs_ids, uniform_ids, zipf_ids  # noqa: E402
 
-#: (name, ids, H, V, padding_idx)
+#: bf16 grad into fp32 main_grad; the case's seed draws its arrays (Case.arrays).
 CASES = [
-    ("feature zipf 1000", zipf_ids(1000, 500, seed=1), 256, 500, None),
-    ("feature padding 3000", zipf_ids(3000, 400, seed=2), 128, 400, 0),
-    ("merge zipf 4000 (no lone tokens)", zipf_ids(4000, 3000, seed=3), 256, 3000, None),
-    ("merge uniform 6000 (lone tokens)", uniform_ids(6000, 50000, seed=4), 128, 50000, None),
-    ("merge two runs 3100 (few records)", runs_ids((1500, 1600), 50, seed=5), 64, 50, None),
-    ("merge one token twice 3073", runs_ids((2,) + (1,) * 3071, 40000, seed=6), 64, 40000, None),
-    ("merge zipf 8192 (folders)", zipf_ids(8192, 1000, seed=7), 256, 1000, None),
-    ("merge zipf 12000 (long-run kernel)", zipf_ids(12000, 2000, seed=8), 128, 2000, None),
-    ("merge padding 9000", zipf_ids(9000, 300, seed=9), 96, 300, 3),
-    ("library sort uniform 40000", uniform_ids(40000, 5000, seed=10), 64, 5000, None),
+    Case("feature zipf 1000", zipf_ids(1000, 500, seed=1), 256, 500, seed=0),
+    Case("feature padding 3000", zipf_ids(3000, 400, seed=2), 128, 400, padding_idx=0, seed=1),
+    Case("merge zipf 4000 (no lone tokens)", zipf_ids(4000, 3000, seed=3), 256, 3000, seed=2),
+    Case("merge uniform 6000 (lone tokens)", uniform_ids(6000, 50000, seed=4), 128, 50000, seed=3),
+    Case("merge two runs 3100 (few records)", runs_ids((1500, 1600), 50, seed=5), 64, 50, seed=4),
+    Case("merge one token twice 3073", runs_ids((2,) + (1,) * 3071, 40000, seed=6), 64, 40000, seed=5),
+    Case("merge zipf 8192 (folders)", zipf_ids(8192, 1000, seed=7), 256, 1000, seed=6),
+    Case("merge zipf 12000 (long-run kernel)", zipf_ids(12000, 2000, seed=8), 128, 2000, seed=7),
+    Case("merge padding 9000", zipf_ids(9000, 300, seed=9), 96, 300, padding_idx=3, seed=8),
+    Case("library sort uniform 40000", uniform_ids(40000, 5000, seed=10), 64, 5000, seed=9),
 ]
 
 
-def expected(ids, grad, main_grad, padding_idx):
-    return reference.accumulate(ids, grad, main_grad, padding_idx=padding_idx)
-
-
-def arrays(ids, hidden, vocab, seed):
-    rng = np.random.default_rng(seed)
-    grad = rng.standard_normal((ids.size, hidden), dtype=np.float32).astype(numpy_dtype("bfloat16"))
-    main_grad = rng.standard_normal((vocab, hidden), dtype=np.float32)
-    return ids.astype(np.int64), grad, main_grad
+def case_arrays(case: Case):
+    """(ids, grad, main_grad) as NumPy arrays, and main_grad after the core reference."""
+    ids, grad, main_grad = case.arrays()
+    return ids, grad, main_grad, reference.accumulate(ids, grad, main_grad, padding_idx=case.padding_idx)
 
 
 def run_torch() -> int:
@@ -61,9 +56,9 @@ def run_torch() -> int:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # (CPU: TRITON_INTERPRET=1, to check this script)
     bad = 0
-    for k, (name, ids, hidden, vocab, pad) in enumerate(CASES[: int(os.environ.get("MEMCHECK_CASES", len(CASES)))]):
-        ids_np, grad_np, main_np = arrays(ids, hidden, vocab, k)
-        want = expected(ids_np, grad_np, main_np, pad)
+    for k, case in enumerate(CASES[: int(os.environ.get("MEMCHECK_CASES", len(CASES)))]):
+        ids_np, grad_np, main_np, want = case_arrays(case)
+        name, hidden, pad = case.name, case.hidden, case.padding_idx
         grad = torch.from_numpy(grad_np.view(np.int16)).view(torch.bfloat16).to(device)
         for layout in ("contiguous", "strided") if k == 3 else ("contiguous",):
             main_grad = torch.from_numpy(main_np.copy()).to(device)  # (on the CPU from_numpy would share main_np)
@@ -83,9 +78,9 @@ def run_jax() -> int:
     import jax_frontend
 
     bad = 0
-    for k, (name, ids, hidden, vocab, pad) in enumerate(CASES[: int(os.environ.get("MEMCHECK_CASES", len(CASES)))]):
-        ids_np, grad_np, main_np = arrays(ids, hidden, vocab, k)
-        want = expected(ids_np, grad_np, main_np, pad)
+    for case in CASES[: int(os.environ.get("MEMCHECK_CASES", len(CASES)))]:
+        ids_np, grad_np, main_np, want = case_arrays(case)
+        name, pad = case.name, case.padding_idx
         out = jax_frontend.accumulate(jnp.asarray(ids_np, jnp.int32), jnp.asarray(grad_np), jnp.asarray(main_np), padding_idx=pad)
         same = np.array_equal(bits(np.asarray(out)), bits(want))
         bad += not same
