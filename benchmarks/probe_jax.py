@@ -62,6 +62,10 @@ VARIANTS = {
     # v20: Triton's software-pipelining stages for every kernel of the call (default 2), never varied.
     "stages 1": (("num_stages", 1),),
     "stages 3": (("num_stages", 3),),
+    # v22: the last programs take one item each, as the torch twin's (default 24 per SM).
+    "tail 0": (("tail_programs", 0),),
+    "tail 12/SM": (("tail_programs", 12 * ew._gpu_sms()),),
+    "tail 48/SM": (("tail_programs", 48 * ew._gpu_sms()),),
 }
 
 

@@ -21,7 +21,8 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
    its arrival counter zeroed.
 3. ``_partials_kernel`` sums each partial's rows in fp32, in order, over one H block per item.
    Sort path: a fixed grid strides the records (the next item's record in flight while this
-   item's rows are), so no program waits on a slot that starts none; feature path: one
+   item's rows are), so no program waits on a slot that starts none, and up to
+   FOLD_ROLE_MAX_TOKENS its last programs take one item each (TAIL_PROGRAMS_PER_SM); feature path: one
    program per (slot, H block). A run of one partial is finished there (rounded and added
    into main_grad); a longer run's partials go to a scratch buffer at
    ``embwgrad_core.partial_row`` (feature path: its last partial appends the run to a list).
@@ -105,6 +106,14 @@ SMALL_MERGE_LANES_MAX_TOKENS = 8192
 #: (block_i, block_j) of _rank_kernel in interpret mode, where every program step is an XLA:CPU
 #: loop iteration: large tiles keep it fast. Tests shrink them to cross tile boundaries.
 INTERPRET_RANK_TILES = {SORT: (256, 256), FEATURE: (8 * CHUNK, 8 * CHUNK)}
+
+#: Sort path up to FOLD_ROLE_MAX_TOKENS: partials programs per SM, the last to start, that take
+#: one item each (the torch twin's TAIL_PROGRAMS_PER_SM). H200, chains of 300 calls, in one
+#: process (NOTES v22 item 3), none / 12 / 24 / 48 per SM: 8192 uniform 162.6 / 162.1 / 162.1 /
+#: 162.1 us, 8192 Zipf 95.9 / 95.5 / 95.6 / 95.5, 4096 uniform 87.5 / 87.8 / 87.6 / 87.7; above
+#: 8192 tokens (one-warp partials, no folders) slower: 32768 uniform 577.3 against 579.7 with 24,
+#: 32768 Zipf 335.2 against 337.4, so none there.
+TAIL_PROGRAMS_PER_SM = 24
 
 #: The ways to sort (_Config.sort).
 MERGE, RANK, PACKED, PAIRS = "merge", "rank", "packed", "pairs"
@@ -507,6 +516,7 @@ def _partials_kernel(
     fold_lo: int,  # the first of them (0 on a GPU, the last programs in interpret mode)
     fold_h: int,  # columns of one of their items
     fold_batch: int,  # partials they load at once
+    tail: int,  # sort path: the last programs but the folders, which take the last items, one each (as the torch twin)
     interpret: bool,  # Pallas interpret mode: programs run in order, one at a time (no barrier, no waiting)
 ):
     """Every partial's rows summed in order, over one H block per item (partial, H block).
@@ -646,6 +656,7 @@ def _partials_kernel(
     front = counts_ref[_FRONT]
     items = (front + counts_ref[_BACK]) * num_hb
     q = p  # this program's first item
+    folder = False
     if folders:
         fold_lo = jnp.minimum(front * num_hb + fold_lo, programs - folders)  # after the long runs' partials (interpret: last)
         folder = (p >= fold_lo) & (p < fold_lo + folders)
@@ -661,21 +672,47 @@ def _partials_kernel(
         programs -= folders
         q = jnp.where(folder, items, p - (p >= fold_lo + folders).astype(jnp.int32) * folders)
 
+    lo, hi, stride = _item_range(q, folder, items, programs, tail)
+
     def load_record(w):  # (slot, key, position, run start, run end) of item w; zeros past the last item
         r = w // num_hb
         rec = jnp.where(r < front, r, n - 1 - (r - front)) * REC_FIELDS  # long runs' records from the front, the others from the back
         return tuple(plgpu.load(records_ref.at[jnp.where(w < items, rec + f, 0)], mask=w < items, other=0) for f in range(5))
 
-    def record(t, fields):  # items q, q + programs, ...: H block fastest
-        w = q + t * programs
-        following = load_record(w + programs) if prefetch else None  # in flight while this item's rows are
+    def record(t, fields):  # items lo, lo + stride, ... below hi: H block fastest
+        w = lo + t * stride
+        following = load_record(w + stride) if prefetch else None  # in flight while this item's rows are
         if not prefetch:
             fields = load_record(w)
         item(fields[0], w % num_hb, *fields[1:])
         return following if prefetch else fields
 
-    first = load_record(q) if prefetch else (jnp.int32(0),) * 5
-    lax.fori_loop(0, (items - q + programs - 1) // programs, record, first)
+    first = load_record(lo) if prefetch else (jnp.int32(0),) * 5
+    lax.fori_loop(0, jnp.maximum(hi - lo + stride - 1, 0) // stride, record, first)
+
+
+def _item_range(q, folder, items, programs, tail: int):
+    """(lo, hi, stride) of a partials program: it takes items lo, lo + stride, ... below hi.
+
+    q is the program among the `programs` that take items (a folder's q is `items`). Without a
+    tail: q, q + programs, ... below items. With one (as the torch twin), the last `tail`
+    programs (they start last) take the last items, one each, and the others stride the items
+    before those. A program left without an item (a folder, or a tail program when there are
+    fewer items than tail programs) gets lo = hi = items, so that the record it loads ahead is
+    masked (load_record masks w >= items only: a negative item would read before the records,
+    an illegal address on the H200, NOTES v22). Works elementwise on arrays of q (tests).
+    """
+    if not tail:
+        return q, items, programs
+    head = programs - tail
+    is_tail = q >= head
+    tail_item = items - tail + (q - head)
+    idle = folder | (is_tail & (tail_item < 0))
+    lo = jnp.where(idle, items, jnp.where(is_tail, tail_item, q))
+    hi = jnp.where(idle, items, jnp.where(is_tail, tail_item + 1, jnp.maximum(items - tail, 0)))
+    # (jnp.int32 on both: with a bare 1 the Triton lowering gave the select an i1 operand, jax 0.10.2.)
+    stride = jnp.where(is_tail, jnp.int32(1), jnp.int32(head))
+    return lo, hi, stride
 
 
 def _fold(partials_ref, run_start, num_partials, h0, width: int, live_h, *, path: str, grad_dtype: str, batch: int):
@@ -811,6 +848,7 @@ class _Config:
     num_stages: int
     bf16_scratch: bool = False  # feature path, bf16 grad: long runs' partials as bf16 bits (_to_scratch; BF16_SCRATCH_MIN_TOKENS)
     rank_warps: int = 4  # _rank_kernel's num_warps: 8 or 16 measured 5-6 us slower at 2048-3072 Zipf (NOTES v18 item 1)
+    tail_programs: int = 0  # sort path: _partials_kernel's last programs (but the folders), which take the last items, one each
 
 
 @functools.lru_cache(maxsize=None)
@@ -886,6 +924,7 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         num_warps=4,
         num_stages=2,
         bf16_scratch=feature and problem.grad_dtype == "bfloat16" and n >= BF16_SCRATCH_MIN_TOKENS,
+        tail_programs=0 if feature else (3 if interpret else TAIL_PROGRAMS_PER_SM * _gpu_sms() if n <= FOLD_ROLE_MAX_TOKENS else 0),
     )
     cfg = dataclasses.replace(cfg, **forced)
     if cfg.bf16_scratch and (not feature or problem.grad_dtype != "bfloat16"):
@@ -1073,6 +1112,7 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
         fold_lo=programs - folders if cfg.interpret else 0,
         fold_h=min(cfg.fold_h, cfg.block_h),
         fold_batch=cfg.fold_batch,
+        tail=0 if feature else max(0, min(cfg.tail_programs, programs - folders - 1)),
         interpret=cfg.interpret,
     )(*inputs)
 
