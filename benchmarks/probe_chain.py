@@ -11,7 +11,8 @@ The plan is made on the host (torch.sort): the probe times the kernel only, besi
 frontend's whole call on the same inputs. One program per item: the chains first (longest runs
 first), then every run of at most NROWS tokens as (run, 1024 columns) items, each finished in
 place. Variants (W, G, chains only, short runs only, L1 prefetch of the next step's positions)
-are given as "w64 g4", "w64 g4 chains", "w64 g4 short", "w64 g4 hot", "w64 g4 pf". The combined kernel's bits
+are given as "w64 g4", "w64 g4 chains", "w64 g4 short", "w64 g4 hot", "w64 g4 pf" (the pf prefetch
+covers the next step's G * 10 positions: two lines before session 23, whatever G). The combined kernel's bits
 are checked against the dense path for each variant.
 
 Segmented chains ("w64 g0 seg16", "w64 g0 seg16 chains"): a long run is cut into segments of at most P
@@ -42,9 +43,9 @@ def _chain(grad_ptr, main_ptr, pos_ptr, start, length, key, col0, hidden, W: tl.
     live = cols < hidden
     t = tl.zeros([W], dtype=tl.float32)
     for r0 in range(0, length, G * 10):
-        if PF:
-            _prefetch_l1(pos_ptr + start + r0 + G * 10)
-            _prefetch_l1(pos_ptr + start + r0 + G * 10 + 32)
+        if PF:  # the next step's G * 10 positions: every 128-byte line they may touch
+            for q in tl.static_range((G * 10 + 31) // 32 + 1):
+                _prefetch_l1(pos_ptr + start + r0 + G * 10 + 32 * q)
         for g in tl.static_range(G):
             acc = tl.zeros([W], dtype=tl.float32)
             for u in tl.static_range(10):
