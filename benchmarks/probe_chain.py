@@ -38,6 +38,23 @@ from torch_frontend.embedding_wgrad import _add_to_row, _prefetch_l1, _round, _w
 
 
 @triton.jit
+def _p10(grad_ptr, pos_ptr, start, lo, hi, k: tl.constexpr, hidden, cols, live, W: tl.constexpr):
+    """Partial k counted from row lo of a run (rows lo + 10k .., those below hi), summed from +0 in order (chains and segments)."""
+    acc = tl.zeros([W], dtype=tl.float32)
+    for u in tl.static_range(10):
+        i = lo + k * 10 + u
+        p = tl.load(pos_ptr + start + tl.minimum(i, hi - 1))
+        row = tl.load(grad_ptr + p.to(tl.int64) * hidden + cols, mask=live, other=0.0)
+        acc += tl.where(i < hi, row.to(tl.float32), 0.0)
+    return acc
+
+
+@triton.jit
+def _fold_in(t, part, k: tl.constexpr, lo, hi):
+    return tl.where(lo + k * 10 < hi, t + part, t)
+
+
+@triton.jit
 def _chain(grad_ptr, main_ptr, pos_ptr, start, length, key, col0, hidden, W: tl.constexpr, G: tl.constexpr, PF: tl.constexpr):
     cols = col0 + tl.arange(0, W)
     live = cols < hidden
@@ -47,13 +64,7 @@ def _chain(grad_ptr, main_ptr, pos_ptr, start, length, key, col0, hidden, W: tl.
             for q in tl.static_range((G * 10 + 31) // 32 + 1):
                 _prefetch_l1(pos_ptr + start + r0 + G * 10 + 32 * q)
         for g in tl.static_range(G):
-            acc = tl.zeros([W], dtype=tl.float32)
-            for u in tl.static_range(10):
-                i = r0 + g * 10 + u
-                p = tl.load(pos_ptr + start + tl.minimum(i, length - 1))
-                row = tl.load(grad_ptr + p.to(tl.int64) * hidden + cols, mask=live, other=0.0)
-                acc += tl.where(i < length, row.to(tl.float32), 0.0)  # acc is never -0: adding +0 leaves it
-            t = tl.where(r0 + g * 10 < length, t + acc, t)
+            t = _fold_in(t, _p10(grad_ptr, pos_ptr, start, r0, length, g, hidden, cols, live, W), g, r0, length)
     _add_to_row(main_ptr + key.to(tl.int64) * hidden, cols, live, _round(t, 1), 0)
 
 
@@ -71,23 +82,6 @@ def _short(grad_ptr, main_ptr, pos_ptr, start, length, key, hb, hidden, BLOCK_H:
             acc += tl.where(u < length, row.to(tl.float32), 0.0)
         gw = _round(acc, 1)
     _add_to_row(main_ptr + key.to(tl.int64) * hidden, cols, live, gw, 0)
-
-
-@triton.jit
-def _p10(grad_ptr, pos_ptr, start, lo, hi, k: tl.constexpr, hidden, cols, live, W: tl.constexpr):
-    """Partial k of a segment (rows lo + 10k .. of its run, those below hi), summed from +0 in order."""
-    acc = tl.zeros([W], dtype=tl.float32)
-    for u in tl.static_range(10):
-        i = lo + k * 10 + u
-        p = tl.load(pos_ptr + start + tl.minimum(i, hi - 1))
-        row = tl.load(grad_ptr + p.to(tl.int64) * hidden + cols, mask=live, other=0.0)
-        acc += tl.where(i < hi, row.to(tl.float32), 0.0)
-    return acc
-
-
-@triton.jit
-def _fold_in(t, part, k: tl.constexpr, lo, hi):
-    return tl.where(lo + k * 10 < hi, t + part, t)
 
 
 @triton.jit
