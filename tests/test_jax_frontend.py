@@ -222,6 +222,24 @@ def test_stages_match_core_plan(route):
     assert_bits_equal(stages.main_grad, expected)
 
 
+@pytest.mark.parametrize("programs, folders, tail", [(8, 0, 3), (8, 2, 3), (40, 4, 17), (5, 0, 4), (12, 3, 0)])
+@pytest.mark.parametrize("items", [0, 1, 2, 3, 7, 50, 333])
+def test_item_ranges_cover_every_item_once_and_start_inside(programs, folders, tail, items):
+    """The partials programs' item ranges (_item_range): every item once, folders none, and no
+    range starting below 0: a program loads its first record ahead, masked from `items` on only
+    (session 22's first tail read before the records when there were fewer items than tail programs)."""
+    p = jnp.arange(programs + folders, dtype=jnp.int32)
+    fold_lo = min(items // 3, programs)  # the folders somewhere among the programs, as after the long runs' partials
+    folder = (p >= fold_lo) & (p < fold_lo + folders) if folders else jnp.zeros_like(p, dtype=bool)
+    q = jnp.where(folder, items, p - (p >= fold_lo + folders).astype(jnp.int32) * folders)
+    lo, hi, stride = ew._item_range(q, folder, jnp.int32(items), programs, tail)
+    lo, hi, stride = (np.broadcast_to(np.asarray(a), p.shape) for a in (lo, hi, stride))
+    assert (lo >= 0).all() and (stride >= 1).all()
+    taken = np.concatenate([np.arange(a, b, s) for a, b, s in zip(lo, hi, stride)] + [np.zeros(0, int)])
+    assert sorted(taken.tolist()) == list(range(items))
+    assert all(a >= b for a, b, f in zip(lo, hi, np.asarray(folder)) if f)  # folders take no item
+
+
 # ----------------------------------------------------------------------------- API
 
 
@@ -535,21 +553,3 @@ def test_gpu_in_place_extra_memory_is_a_few_n_h():
     assert main_grad.unsafe_buffer_pointer() == pointer
     assert end["bytes_in_use"] <= start["bytes_in_use"] + per_nh, (start, end)
     assert end["peak_bytes_in_use"] <= max(start["peak_bytes_in_use"], start["bytes_in_use"] + 3 * per_nh), (start, end)
-
-
-@pytest.mark.parametrize("programs, folders, tail", [(8, 0, 3), (8, 2, 3), (40, 4, 17), (5, 0, 4), (12, 3, 0)])
-@pytest.mark.parametrize("items", [0, 1, 2, 3, 7, 50, 333])
-def test_item_ranges_cover_every_item_once_and_start_inside(programs, folders, tail, items):
-    """The partials programs' item ranges (_item_range): every item once, folders none, and no
-    range starting below 0: a program loads its first record ahead, masked from `items` on only
-    (session 22's first tail read before the records when there were fewer items than tail programs)."""
-    p = jnp.arange(programs + folders, dtype=jnp.int32)
-    fold_lo = min(items // 3, programs)  # the folders somewhere among the programs, as after the long runs' partials
-    folder = (p >= fold_lo) & (p < fold_lo + folders) if folders else jnp.zeros_like(p, dtype=bool)
-    q = jnp.where(folder, items, p - (p >= fold_lo + folders).astype(jnp.int32) * folders)
-    lo, hi, stride = ew._item_range(q, folder, jnp.int32(items), programs, tail)
-    lo, hi, stride = (np.broadcast_to(np.asarray(a), p.shape) for a in (lo, hi, stride))
-    assert (lo >= 0).all() and (stride >= 1).all()
-    taken = np.concatenate([np.arange(a, b, s) for a, b, s in zip(lo, hi, stride)] + [np.zeros(0, int)])
-    assert sorted(taken.tolist()) == list(range(items))
-    assert all(a >= b for a, b, f in zip(lo, hi, np.asarray(folder)) if f)  # folders take no item
