@@ -123,6 +123,15 @@ VARIANTS = {
     # summed; v9 item 6 measured them much slower in an older kernel).
     "partial warps 2": dict(partial_warps=2),
     "partial warps 2 pp 64": dict(partial_warps=2, partial_programs=64 * SMS),
+    # v24: more warps per SM at a lower register target: two-warp programs (122 registers at
+    # 128: 8 programs, 16 warps per SM) or 512-column items (one warp, 112 registers: 18 per SM),
+    # so that all ten rows of a long run's partial can be in flight (16 columns a thread).
+    "w2 r128": dict(partial_warps=2, partial_maxnreg=128),
+    "w2 r128 f2": dict(partial_warps=2, partial_maxnreg=128, fold_programs=2 * SMS),
+    "w2 r128 f2 t12": dict(partial_warps=2, partial_maxnreg=128, fold_programs=2 * SMS, tail_programs=12 * SMS),
+    "bh512 r112": dict(block_h=512, partial_maxnreg=112),
+    "bh512 r112 f6": dict(block_h=512, partial_maxnreg=112, fold_programs=6 * SMS),
+    "bh512 r128": dict(block_h=512, partial_maxnreg=128),
     "default again": {},  # a second measurement of the default in the same process
 }
 POINTS = probe_points(  # or PROBE_POINTS
