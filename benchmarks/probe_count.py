@@ -78,6 +78,55 @@ def _count_stream_kernel(ids_ptr, out_ptr, n, BLOCK_I: tl.constexpr, WAYS: tl.co
     tl.store(out_ptr + 2 * n + i, tl.sum(eq, axis=0), mask=live)
 
 
+@triton.jit
+def _count_packed_kernel(ids_ptr, out_ptr, n, BLOCK_I: tl.constexpr, TILE: tl.constexpr, KSPLIT: tl.constexpr, POS_BITS: tl.constexpr):
+    """The same counts from packed keys (id << POS_BITS | position: one compare gives the slot), (NOTES v24 item 5).
+
+    Program (b, k) compares tokens [b * BLOCK_I, ...) with key chunk k of KSPLIT. The three
+    compares of a pair go into one [BLOCK_I, TILE] accumulator as 10-bit fields (each element
+    counts at most one key per step, so at most n / (KSPLIT * TILE) < 1024), reduced across
+    lanes once at the end; with KSPLIT > 1 the chunks' counts are added atomically (out zeroed).
+    out[0] = keys < id (run start), out[1] = keys <= id (run end), out[2] = slot.
+    """
+    i = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
+    live = i < n
+    id_i = tl.load(ids_ptr + i, mask=live, other=0).to(tl.int32)
+    slot_at = (id_i << POS_BITS) | i  # a key sorts before token i: below its packed key
+    start_at = id_i << POS_BITS  # below: a smaller id
+    end_at = (id_i + 1) << POS_BITS  # below: an id up to id_i
+    chunk = tl.cdiv(n, KSPLIT)
+    j_lo = tl.program_id(1) * chunk
+    acc = tl.zeros([BLOCK_I, TILE], dtype=tl.int32)
+    for j0 in range(j_lo, tl.minimum(j_lo + chunk, n), TILE):
+        j = j0 + tl.arange(0, TILE)
+        pj = ((tl.load(ids_ptr + j, mask=j < n, other=0).to(tl.int32) << POS_BITS) | j)[None, :]
+        pj = tl.where((j < tl.minimum(j_lo + chunk, n))[None, :], pj, 2**31 - 1)
+        acc += (pj < slot_at[:, None]).to(tl.int32) + ((pj < start_at[:, None]).to(tl.int32) << 10) + ((pj < end_at[:, None]).to(tl.int32) << 20)
+    slot = tl.sum(acc & 1023, axis=1)
+    start = tl.sum((acc >> 10) & 1023, axis=1)
+    end = tl.sum(acc >> 20, axis=1)
+    if KSPLIT == 1:
+        tl.store(out_ptr + i, start, mask=live)
+        tl.store(out_ptr + n + i, end, mask=live)
+        tl.store(out_ptr + 2 * n + i, slot, mask=live)
+    else:
+        tl.atomic_add(out_ptr + i, start, mask=live, sem="relaxed")
+        tl.atomic_add(out_ptr + n + i, end, mask=live, sem="relaxed")
+        tl.atomic_add(out_ptr + 2 * n + i, slot, mask=live, sem="relaxed")
+
+
+PACKED_VARIANTS = [  # (BLOCK_I, TILE, KSPLIT, warps)
+    (16, 256, 1, 4),
+    (32, 128, 1, 4),
+    (64, 64, 1, 4),
+    (16, 256, 4, 4),
+    (32, 128, 4, 4),
+    (32, 256, 8, 4),
+    (64, 128, 8, 4),
+    (128, 64, 16, 4),
+    (64, 64, 16, 2),
+]
+
 STREAM_VARIANTS = [  # (BLOCK_I, WAYS = warps, UNROLL)
     (32, 4, 16),
     (32, 8, 16),
@@ -116,6 +165,22 @@ def main(argv):
         cfg = ew._config(problem, "sort", False, sms, pdl)
         plan_us = graph_ms(lambda: ew._plan_stage(ids, problem, cfg)) * 1e3
         print(f"n={n}: plan kernels alone (block sort + merge) {plan_us:.1f} us", flush=True)
+        pos_bits = max(1, (n - 1).bit_length())
+        for block_i, tile, ksplit, warps in PACKED_VARIANTS:
+            grid = (triton.cdiv(n, block_i), ksplit)
+
+            def run(block_i=block_i, tile=tile, ksplit=ksplit, warps=warps, grid=grid):
+                if ksplit > 1:
+                    out.zero_()
+                _count_packed_kernel[grid](ids, out, n, BLOCK_I=block_i, TILE=tile, KSPLIT=ksplit, POS_BITS=pos_bits, num_warps=warps)
+
+            run()
+            got = out.view(3, n).cpu().numpy()
+            exact = (got[0] == lt_ref).all() and (got[1] == le_ref).all() and (got[2] == slot_ref).all()
+            us = graph_ms(run) * 1e3
+            print(f"n={n}: packed count {block_i}x{tile} split {ksplit} w{warps}: {us:.1f} us, exact={exact}", flush=True)
+        if "packed" in argv:
+            continue
         for block_i, tile, warps, unroll in VARIANTS:
             steps = triton.cdiv(n, tile)
             grid = (triton.cdiv(n, block_i),)
