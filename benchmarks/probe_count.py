@@ -165,6 +165,16 @@ def main(argv):
         cfg = ew._config(problem, "sort", False, sms, pdl)
         plan_us = graph_ms(lambda: ew._plan_stage(ids, problem, cfg)) * 1e3
         print(f"n={n}: plan kernels alone (block sort + merge) {plan_us:.1f} us", flush=True)
+
+        def report(label, run, third_is_slot=False):
+            """Run once, check the three counts against NumPy (out[2]: the slot, or the equal keys
+            before the token, which the run start turns into the slot), then time it in a graph."""
+            run()
+            got = out.view(3, n).cpu().numpy()
+            slots = got[2] if third_is_slot else got[0] + got[2]
+            exact = (got[0] == lt_ref).all() and (got[1] == le_ref).all() and (slots == slot_ref).all()
+            print(f"n={n}: {label}: {graph_ms(run) * 1e3:.1f} us, exact={exact}", flush=True)
+
         pos_bits = max(1, (n - 1).bit_length())
         for block_i, tile, ksplit, warps in PACKED_VARIANTS:
             grid = (triton.cdiv(n, block_i), ksplit)
@@ -174,11 +184,7 @@ def main(argv):
                     out.zero_()
                 _count_packed_kernel[grid](ids, out, n, BLOCK_I=block_i, TILE=tile, KSPLIT=ksplit, POS_BITS=pos_bits, num_warps=warps)
 
-            run()
-            got = out.view(3, n).cpu().numpy()
-            exact = (got[0] == lt_ref).all() and (got[1] == le_ref).all() and (got[2] == slot_ref).all()
-            us = graph_ms(run) * 1e3
-            print(f"n={n}: packed count {block_i}x{tile} split {ksplit} w{warps}: {us:.1f} us, exact={exact}", flush=True)
+            report(f"packed count {block_i}x{tile} split {ksplit} w{warps}", run, third_is_slot=True)
         if "packed" in argv:
             continue
         for block_i, tile, warps, unroll in VARIANTS:
@@ -188,22 +194,14 @@ def main(argv):
             def run(block_i=block_i, tile=tile, warps=warps, unroll=unroll, steps=steps, grid=grid):
                 _count_kernel[grid](ids, out, n, BLOCK_I=block_i, TILE=tile, STEPS=steps, UNROLL=unroll, num_warps=warps)
 
-            run()
-            got = out.view(3, n).cpu().numpy()
-            exact = (got[0] == lt_ref).all() and (got[1] == le_ref).all() and (got[0] + got[2] == slot_ref).all()
-            us = graph_ms(run) * 1e3
-            print(f"n={n}: count {block_i}x{tile} w{warps} {'unrolled' if unroll else 'loop'}: {us:.1f} us, exact={exact}", flush=True)
+            report(f"count {block_i}x{tile} w{warps} {'unrolled' if unroll else 'loop'}", run)
         for block_i, ways, unroll in STREAM_VARIANTS:
             grid = (triton.cdiv(n, block_i),)
 
             def run(block_i=block_i, ways=ways, unroll=unroll, grid=grid):
                 _count_stream_kernel[grid](ids, out, n, BLOCK_I=block_i, WAYS=ways, UNROLL=unroll, num_warps=ways)
 
-            run()
-            got = out.view(3, n).cpu().numpy()
-            exact = (got[0] == lt_ref).all() and (got[1] == le_ref).all() and (got[0] + got[2] == slot_ref).all()
-            us = graph_ms(run) * 1e3
-            print(f"n={n}: count, streamed keys, {block_i} tokens x {ways} ways, unroll {unroll}: {us:.1f} us, exact={exact}", flush=True)
+            report(f"count, streamed keys, {block_i} tokens x {ways} ways, unroll {unroll}", run)
 
 
 if __name__ == "__main__":
