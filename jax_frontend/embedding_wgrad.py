@@ -65,6 +65,7 @@ twin's variants, the merge threshold and partials warps from benchmarks/probe_ja
 
 import dataclasses
 import functools
+import inspect
 from typing import NamedTuple
 
 import jax
@@ -849,6 +850,9 @@ class _Config:
     bf16_scratch: bool = False  # feature path, bf16 grad: long runs' partials as bf16 bits (_to_scratch; BF16_SCRATCH_MIN_TOKENS)
     rank_warps: int = 4  # _rank_kernel's num_warps: 8 or 16 measured 5-6 us slower at 2048-3072 Zipf (NOTES v18 item 1)
     tail_programs: int = 0  # sort path: _partials_kernel's last programs (but the folders), which take the last items, one each
+    # Inside jax.shard_map: the ShapeDtypeStruct keyword that makes every kernel's outputs vary
+    # over main_grad's manual mesh axes, as (name, value) (_mesh_axes); () outside.
+    vary: tuple = ()
 
 
 @functools.lru_cache(maxsize=None)
@@ -974,24 +978,58 @@ class _Stages(NamedTuple):
     main_grad: jax.Array  # [V, H]
 
 
+def _sds(cfg: _Config, shape, dtype) -> jax.ShapeDtypeStruct:
+    """A kernel output's shape and dtype; inside jax.shard_map it varies over main_grad's mesh axes (cfg.vary)."""
+    return jax.ShapeDtypeStruct(shape, dtype, **dict(cfg.vary))
+
+
+def _varying(x) -> frozenset:
+    """The manual mesh axes that x varies over inside jax.shard_map (empty outside, or on a jax without them)."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "manual_axis_type", None)  # jax >= 0.10
+    return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())  # jax 0.7-0.9: vma
+
+
+def _mesh_axes(ids, grad, main_grad) -> tuple:
+    """cfg.vary for main_grad; raises ValueError if ids or grad vary over a mesh axis that main_grad does not.
+
+    Inside jax.shard_map (with check_vma, its default) a pallas_call must say which manual mesh
+    axes its outputs vary over. Every kernel output here is made from ids and grad and (the
+    last) is main_grad updated in place, so it varies as main_grad does; an ids or grad that
+    differs across an axis where main_grad is one replicated value would make that value differ
+    across the axis, which shard_map's types forbid: the caller must say so (jax.lax.pcast).
+    """
+    extra = (_varying(ids) | _varying(grad)) - _varying(main_grad)
+    if extra:
+        raise ValueError(f"main_grad must vary over every mesh axis that ids and grad vary over inside jax.shard_map: "
+                         f"they vary over {sorted(extra)}, main_grad does not (make it varying, e.g. jax.lax.pcast(main_grad, "
+                         f"{tuple(sorted(extra))}, to='varying'))")
+    aval = jax.typeof(main_grad)
+    fields = set(inspect.signature(jax.ShapeDtypeStruct).parameters)
+    for name in ("manual_axis_type", "vma"):  # jax >= 0.10, jax 0.7-0.9
+        if name in fields and getattr(aval, name, None) is not None:
+            return ((name, getattr(aval, name)),)
+    return ()
+
+
 def _plan_shapes(n: int, cfg: _Config):
     """Shapes of the plan's counters, records, long-run list and arrival counters."""
     return [
-        jax.ShapeDtypeStruct((COUNTS,), jnp.int32),
-        jax.ShapeDtypeStruct((n * REC_FIELDS,), jnp.int32),
-        jax.ShapeDtypeStruct((cfg.max_long_runs, 2), jnp.int32),
-        jax.ShapeDtypeStruct((n,), jnp.int32),
+        _sds(cfg, (COUNTS,), jnp.int32),
+        _sds(cfg, (n * REC_FIELDS,), jnp.int32),
+        _sds(cfg, (cfg.max_long_runs, 2), jnp.int32),
+        _sds(cfg, (n,), jnp.int32),
     ]
 
 
 def _merge_sort(ids, problem: Problem, cfg: _Config):
     """Stages 1 and 2 by the merge-rank sort: (sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals)."""
     n = problem.num_tokens
-    slots = jax.ShapeDtypeStruct((n,), jnp.int32)
+    slots = _sds(cfg, (n,), jnp.int32)
     block_keys, block_pos, counts = _call(
         _block_sort_kernel,
         cfg,
-        out_shape=[slots, slots, jax.ShapeDtypeStruct((COUNTS,), jnp.int32)],
+        out_shape=[slots, slots, _sds(cfg, (COUNTS,), jnp.int32)],
         grid=(pl.cdiv(n, cfg.merge_block), cfg.merge_block // min(cfg.merge_block_i, cfg.merge_block)),
         name="embwgrad_block_sort",
         n=n,
@@ -1023,7 +1061,7 @@ def _sort(ids, problem: Problem, cfg: _Config):
     n, vocab = problem.num_tokens, problem.num_embeddings
     if cfg.sort == RANK:
         feature = cfg.path == FEATURE
-        slots = jax.ShapeDtypeStruct((n,), jnp.int32)
+        slots = _sds(cfg, (n,), jnp.int32)
         return _call(
             _rank_kernel,
             cfg,
@@ -1052,6 +1090,15 @@ def _sort(ids, problem: Problem, cfg: _Config):
     return tuple(lax.sort((keys, pos), num_keys=1, is_stable=True))
 
 
+def _vary_as(x, cfg: _Config):
+    """x made to vary over main_grad's mesh axes (cfg.vary; inside jax.shard_map, x itself otherwise)."""
+    vary = frozenset().union(*(getattr(value, "varying", value) for _, value in cfg.vary))
+    axes = tuple(sorted(vary - _varying(x)))
+    if not axes:
+        return x
+    return lax.pcast(x, axes, to="varying") if hasattr(lax, "pcast") else lax.pvary(x, axes)  # jax >= 0.9; 0.7-0.8
+
+
 def _runs(sorted_keys, sorted_pos, problem: Problem, cfg: _Config):
     """Stage 2 after lax.sort (sort path): (run_start, run_end, counts, records, long_runs, arrivals)."""
     n = problem.num_tokens
@@ -1059,13 +1106,13 @@ def _runs(sorted_keys, sorted_pos, problem: Problem, cfg: _Config):
     return _call(
         _runs_kernel,
         cfg,
-        out_shape=[jax.ShapeDtypeStruct((n,), jnp.int32)] * 2 + _plan_shapes(n, cfg),
+        out_shape=[_sds(cfg, (n,), jnp.int32)] * 2 + _plan_shapes(n, cfg),
         grid=(pl.cdiv(n, cfg.runs_block),),
         input_output_aliases={2: 2},
         name="embwgrad_runs",
         n=n,
         block=cfg.runs_block,
-    )(sorted_keys, sorted_pos, jnp.zeros((COUNTS,), jnp.int32))
+    )(sorted_keys, sorted_pos, _vary_as(jnp.zeros((COUNTS,), jnp.int32), cfg))
 
 
 def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, problem: Problem, cfg: _Config):
@@ -1088,11 +1135,11 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
         kernel,
         cfg,
         out_shape=[
-            jax.ShapeDtypeStruct(main_grad.shape, main_grad.dtype),
-            jax.ShapeDtypeStruct((partial_buffer_rows(n, cfg.path), hidden), jnp.int16 if cfg.bf16_scratch else jnp.float32),
-            jax.ShapeDtypeStruct(long_runs.shape, jnp.int32),
-            jax.ShapeDtypeStruct((COUNTS,), jnp.int32),
-            jax.ShapeDtypeStruct(arrivals.shape, jnp.int32),
+            _sds(cfg, main_grad.shape, main_grad.dtype),
+            _sds(cfg, (partial_buffer_rows(n, cfg.path), hidden), jnp.int16 if cfg.bf16_scratch else jnp.float32),
+            _sds(cfg, long_runs.shape, jnp.int32),
+            _sds(cfg, (COUNTS,), jnp.int32),
+            _sds(cfg, arrivals.shape, jnp.int32),
         ],
         grid=(programs,),
         input_output_aliases={last - 3: 0, last - 1: 2, last - 2: 3, last: 4},
@@ -1122,7 +1169,7 @@ def _long_runs(long_runs, counts, sorted_keys, partials, main_grad, problem: Pro
     return _call(
         _long_runs_kernel,
         cfg,
-        out_shape=jax.ShapeDtypeStruct(main_grad.shape, main_grad.dtype),
+        out_shape=_sds(cfg, main_grad.shape, main_grad.dtype),
         grid=(cfg.long_programs, pl.cdiv(problem.hidden, cfg.long_block_h)),
         input_output_aliases={4: 0},
         num_warps=cfg.long_warps,
@@ -1185,7 +1232,7 @@ def _accumulate_impl(ids, grad, main_grad, *, padding_idx=None, path=None, overr
     n, hidden = problem.num_tokens, problem.hidden
     if n == 0 or hidden == 0:
         return main_grad
-    cfg = _config(problem, torch_path(n) if path is None else path, overrides)
+    cfg = dataclasses.replace(_config(problem, torch_path(n) if path is None else path, overrides), vary=_mesh_axes(ids, grad, main_grad))
     return _run_stages(ids.reshape(n), grad.reshape(n, hidden), main_grad, problem, cfg).main_grad
 
 
@@ -1216,6 +1263,10 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
         do not occur, of padding_idx, and of ids outside [0, V) (skipped, not checked) keep
         their bits. On GPU, four Pallas Triton launches (three and a lax.sort above
         MERGE_SORT_MAX_TOKENS tokens); on CPU the same kernels in interpret mode.
+
+    Inside jax.shard_map (one call per device on its own shards, e.g. data parallel with a
+    main_grad per device), every kernel's outputs vary over main_grad's mesh axes, so shard_map's
+    check_vma holds; main_grad must then vary over every axis that ids or grad vary over.
 
     Raises TypeError or ValueError, naming the argument, while tracing: main_grad is then
     neither donated nor changed. n == 0 or H == 0 returns main_grad unchanged.

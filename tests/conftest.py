@@ -21,6 +21,9 @@ except ImportError:  # a JAX-only environment
 
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # Two CPU devices, so that the jax.shard_map tests split their data over a mesh of two.
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch and JAX share the GPU
 
 if os.environ.get("EMBWGRAD_REQUIRE_GPU") == "1" and not HAS_CUDA:

@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 import jax_frontend
 from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, FOLD_ROLE_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
@@ -416,6 +418,83 @@ def test_cuda_lowering_of_user_scan_aliases_main_grad():
     assert "stablehlo.while" in text
     writers = [line for line in text.splitlines() if TRITON_CALL.search(line) and re.search("embwgrad_(partials|long_runs)", line)]
     assert len(writers) == 1 and all("output_operand_aliases" in line for line in writers)  # 4096 tokens: no long-run kernel
+
+
+# ----------------------------------------------------------------------------- inside jax.shard_map
+
+
+SHARD_MAP = getattr(jax, "shard_map", None)
+if SHARD_MAP is None:  # jax < 0.7
+    from jax.experimental.shard_map import shard_map as SHARD_MAP
+
+
+def _per_device(fn, check_vma: bool, mesh, main_grad_spec=P("dp")):
+    """fn(ids, grad, main_grad) on each device of mesh's "dp" axis, its own slice of each (a data-parallel step)."""
+    body = (lambda i, g, m: fn(i[0], g[0], m[0])[None]) if main_grad_spec == P("dp") else (lambda i, g, m: fn(i[0], g[0], m))
+    return SHARD_MAP(body, mesh=mesh, in_specs=(P("dp"), P("dp"), main_grad_spec), out_specs=main_grad_spec, check_vma=check_vma)
+
+
+# Routes inside shard_map: the feature path, the merge sort with small tiles, and a lax.sort (as above MERGE_SORT_MAX_TOKENS).
+SHARD_ROUTES = {
+    "feature": (60, None, ()),
+    "sort-merge-small": (150, SORT, (("sort", ew.MERGE), ("merge_block", 8), ("merge_tile", 8))),
+    "sort-packed": (150, SORT, (("sort", ew.PACKED),)),
+}
+
+
+@pytest.mark.parametrize("route", SHARD_ROUTES)
+def test_inside_shard_map_each_device_its_own_main_grad(route):
+    """Data parallel with jax.shard_map over every device (two CPU devices: tests/conftest.py): each
+    device's main_grad gets its own ids and grad, with PyTorch's bits. check_vma (shard_map's
+    default) on a GPU; in Pallas interpret mode jax 0.10.2's interpreter fails its own checks under
+    it (a pad of a varying block with an invariant pad value), so the CPU run turns it off and
+    test_cuda_lowering_inside_shard_map_checks_vma covers the typing there."""
+    n, path, overrides = SHARD_ROUTES[route]
+    devices = jax.devices()
+    mesh = Mesh(np.array(devices), ("dp",))
+    ranks = len(devices)
+    rng = np.random.default_rng(7)
+    ids = np.stack([zipf_ids(n, 40, seed=r) for r in range(ranks)]).astype(np.int32)
+    grad = rng.standard_normal((ranks, n, 16), dtype=np.float32).astype(numpy_dtype("bfloat16"))
+    main_grad = rng.standard_normal((ranks, 40, 16), dtype=np.float32)
+    step = functools.partial(ew._accumulate, path=path, overrides=overrides) if path or overrides else jax_frontend.accumulate
+    out = np.asarray(jax.jit(_per_device(step, ON_GPU, mesh), donate_argnums=2)(to_jax(ids), to_jax(grad), to_jax(main_grad)))
+    for r in range(ranks):
+        assert_bits_equal(out[r], reference.accumulate(ids[r], grad[r], main_grad[r], path=path))
+
+
+@pytest.mark.parametrize(
+    "n, kernels",
+    [
+        (8192, MERGE_KERNELS + ["embwgrad_partials"]),
+        (MERGE_SORT_MAX_TOKENS + 1, ["embwgrad_runs", "embwgrad_partials", "embwgrad_long_runs"]),  # after a lax.sort
+        (FEATURE_PATH_MAX_TOKENS, FEATURE_KERNELS + ["embwgrad_partials", "embwgrad_long_runs"]),
+    ],
+)
+def test_cuda_lowering_inside_shard_map_checks_vma(n, kernels):
+    """Lowered for CUDA inside jax.shard_map with check_vma (works without a GPU): every kernel's
+    outputs vary over the mesh axis as main_grad does (a lax.sort's zeroed counters included), the
+    Triton kernels are there, and main_grad is donated."""
+    mesh = Mesh(np.array(jax.devices()), ("dp",))
+    ranks = mesh.shape["dp"]
+    step = functools.partial(ew._accumulate, overrides=(("interpret", False),))
+    args = (jax.ShapeDtypeStruct((ranks, n), jnp.int32), jax.ShapeDtypeStruct((ranks, n, 256), jnp.bfloat16),
+            jax.ShapeDtypeStruct((ranks, 1000, 256), jnp.float32))
+    text = jax.jit(_per_device(step, True, mesh), donate_argnums=2).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    names = [re.search(r'name = "(\w+)"', line).group(1) for line in text.splitlines() if TRITON_CALL.search(line)]
+    assert names == kernels
+    assert re.search(r"%arg2: tensor<[^>]*> \{[^}]*(jax\.buffer_donor = true|tf\.aliasing_output = 0)", text)
+
+
+def test_shard_map_main_grad_must_vary_with_ids():
+    """Inside shard_map, ids that differ across a mesh axis cannot add into one replicated main_grad."""
+    mesh = Mesh(np.array(jax.devices()), ("dp",))
+    ranks = mesh.shape["dp"]
+    fn = _per_device(jax_frontend.accumulate, True, mesh, main_grad_spec=P())
+    main_grad = jnp.zeros((40, 8), jnp.float32)
+    with pytest.raises(ValueError, match="main_grad must vary"):
+        jax.jit(fn)(jnp.zeros((ranks, 64), jnp.int32), jnp.zeros((ranks, 64, 8), jnp.bfloat16), main_grad)
+    assert not main_grad.is_deleted()
 
 
 # ----------------------------------------------------------------------------- against XLA's dense route
