@@ -2,8 +2,8 @@
 # The whole GPU test suite plus the benchmark, in one call on the H200; a short table last.
 #   bash scripts/gpu_all.sh                 (device tool: logs, JSON and PNG land in $OUT)
 #   BENCH_ARGS="--ns 8192 --dists uniform" PYTEST_ARGS="-k real tests/" bash scripts/gpu_all.sh
-# The default, PYTEST_ARGS="-n 3 tests/" (pytest-xdist is on the H200 image), ran the 394 tests (356 on
-# the GPU, 38 CPU-only skipped) in 303 s (2026-12-01); at -n 2 they no longer fit, and at -n 6 the
+# The default, PYTEST_ARGS="-n 3 tests/" (pytest-xdist is on the H200 image), ran the 401 tests (363 on
+# the GPU, 38 CPU-only skipped) in 234-303 s (2026-12-01); at -n 2 they no longer fit, and at -n 6 the
 # workers' JAX and torch caches together exhausted the GPU's memory. The benchmark took about 105 s.
 # The default limits (350 s, 200 s) keep the whole call inside the device tool's 600 s per call.
 set -u
