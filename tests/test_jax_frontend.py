@@ -486,6 +486,27 @@ def test_cuda_lowering_inside_shard_map_checks_vma(n, kernels):
     assert re.search(r"%arg2: tensor<[^>]*> \{[^}]*(jax\.buffer_donor = true|tf\.aliasing_output = 0)", text)
 
 
+def test_inside_shard_map_vocab_shards():
+    """Tensor parallel with jax.shard_map: ids and grad replicated, main_grad's rows split over the
+    devices; each device passes ids less its first row, so the others' ids fall outside its
+    shard and add nothing. Each shard gets the bits of its own rows' sums."""
+    devices = jax.devices()
+    mesh = Mesh(np.array(devices), ("tp",))
+    ranks, rows, n = len(devices), 24, 150
+    ids = zipf_ids(n, ranks * rows, seed=5).astype(np.int32)
+    grad = np.random.default_rng(8).standard_normal((n, 16), dtype=np.float32).astype(numpy_dtype("bfloat16"))
+    main_grad = np.random.default_rng(9).standard_normal((ranks * rows, 16), dtype=np.float32)
+
+    def shard(i, g, m):
+        return ew._accumulate(i - lax.axis_index("tp") * rows, g, m, path=SORT, overrides=(("sort", ew.MERGE), ("merge_block", 8), ("merge_tile", 8)))
+
+    fn = SHARD_MAP(shard, mesh=mesh, in_specs=(P(), P(), P("tp")), out_specs=P("tp"), check_vma=ON_GPU)
+    out = np.asarray(jax.jit(fn, donate_argnums=2)(to_jax(ids), to_jax(grad), to_jax(main_grad)))
+    for r in range(ranks):
+        local = slice(r * rows, (r + 1) * rows)
+        assert_bits_equal(out[local], reference.accumulate(ids - r * rows, grad, main_grad[local], path=SORT))
+
+
 def test_shard_map_main_grad_must_vary_with_ids():
     """Inside shard_map, ids that differ across a mesh axis cannot add into one replicated main_grad."""
     mesh = Mesh(np.array(jax.devices()), ("dp",))
