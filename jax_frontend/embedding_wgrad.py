@@ -983,11 +983,16 @@ def _sds(cfg: _Config, shape, dtype) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype, **dict(cfg.vary))
 
 
+def _axes(vary) -> frozenset:
+    """The manual mesh axes of an aval's manual_axis_type (jax >= 0.10: its .varying) or vma (jax 0.7-0.9), or of None."""
+    return frozenset(getattr(vary, "varying", vary) or ())
+
+
 def _varying(x) -> frozenset:
     """The manual mesh axes that x varies over inside jax.shard_map (empty outside, or on a jax without them)."""
     aval = jax.typeof(x)
-    mat = getattr(aval, "manual_axis_type", None)  # jax >= 0.10
-    return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())  # jax 0.7-0.9: vma
+    mat = getattr(aval, "manual_axis_type", None)
+    return _axes(mat if mat is not None else getattr(aval, "vma", None))
 
 
 def _mesh_axes(ids, grad, main_grad) -> tuple:
@@ -1092,8 +1097,7 @@ def _sort(ids, problem: Problem, cfg: _Config):
 
 def _vary_as(x, cfg: _Config):
     """x made to vary over main_grad's mesh axes (cfg.vary; inside jax.shard_map, x itself otherwise)."""
-    vary = frozenset().union(*(getattr(value, "varying", value) for _, value in cfg.vary))
-    axes = tuple(sorted(vary - _varying(x)))
+    axes = tuple(sorted(frozenset().union(*(_axes(value) for _, value in cfg.vary)) - _varying(x)))
     if not axes:
         return x
     return lax.pcast(x, axes, to="varying") if hasattr(lax, "pcast") else lax.pvary(x, axes)  # jax >= 0.9; 0.7-0.8
