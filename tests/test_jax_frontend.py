@@ -2,8 +2,8 @@
 
 Both backends (Pallas interpret mode on CPU, the Triton kernels on a GPU): every shared CPU
 case against the core reference, each stage against the core's plan, the four sorts, input
-checks, empty inputs, a user's jit with lax.scan, donation, the CUDA lowering (Triton pinned,
-main_grad aliased), the distance to XLA's own dense scatter-add. GPU only (skipped unless
+checks, empty inputs, a user's jit with lax.scan, the README's training-step recipe (jax.vjp),
+donation, the CUDA lowering (Triton pinned, main_grad aliased), the distance to XLA's own dense scatter-add. GPU only (skipped unless
 jax's default backend is "gpu"; EMBWGRAD_REQUIRE_GPU=1 makes a missing GPU a failure): the
 shared GPU cases against the core reference, absent rows, extra memory.
 """
@@ -363,6 +363,37 @@ def test_inside_user_jit_and_scan_over_micro_batches():
     out = train(to_jax(ids), to_jax(grad), donated, padding_idx)
     assert out.unsafe_buffer_pointer() == pointer
     assert_bits_equal(np.asarray(out), expected)
+
+
+def _train_step(params, main_grads, ids, targets):
+    """The README's recipe: the lookup outside jax.vjp, its cotangent into accumulate."""
+    x = jnp.take(params["embed"], ids, axis=0)
+
+    def rest(x, w_out):  # the model after the lookup
+        logits = jnp.einsum("bsh,vh->bsv", x.astype(jnp.float32), w_out)
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1))
+
+    loss, vjp = jax.vjp(rest, x, params["out"])
+    g_x, g_out = vjp(jnp.ones_like(loss))
+    main_grads = {"embed": jax_frontend.accumulate(ids, g_x, main_grads["embed"]), "out": main_grads["out"] + g_out}
+    return loss, main_grads, g_x
+
+
+def test_training_step_recipe_with_jax_vjp():
+    vocab, hidden = 64, 16
+    rng = np.random.default_rng(5)
+    ids = zipf_ids(40, vocab, seed=5).reshape(4, 10)
+    targets = rng.integers(0, vocab, size=ids.shape)
+    params = {"embed": rng.standard_normal((vocab, hidden), dtype=np.float32).astype(numpy_dtype("bfloat16")),
+              "out": rng.standard_normal((vocab, hidden), dtype=np.float32)}
+    main_grads = {k: rng.standard_normal((vocab, hidden), dtype=np.float32) for k in params}
+    step = jax.jit(_train_step, donate_argnums=1)
+    donated = {k: to_jax(v) for k, v in main_grads.items()}
+    pointer = donated["embed"].unsafe_buffer_pointer()
+    loss, new, g_x = step({k: to_jax(v) for k, v in params.items()}, donated, to_jax(ids), to_jax(targets))
+    assert new["embed"].unsafe_buffer_pointer() == pointer
+    assert np.isfinite(float(loss)) and g_x.dtype == jnp.bfloat16 and g_x.shape == (4, 10, hidden)
+    assert_bits_equal(np.asarray(new["embed"]), reference.accumulate(ids, np.asarray(g_x), main_grads["embed"]))
 
 
 def _cuda_module(fn, *args, **static) -> str:

@@ -1,5 +1,7 @@
-"""embwgrad for PyTorch: ``accumulate(ids, grad, main_grad)`` adds in place with Triton kernels."""
+"""embwgrad for PyTorch: ``accumulate(ids, grad, main_grad)`` adds in place with Triton kernels;
+``embedding(ids, weight)`` is the lookup whose backward adds into ``weight.main_grad``."""
 
+from .autograd import embedding
 from .embedding_wgrad import accumulate, can_accumulate
 
-__all__ = ["accumulate", "can_accumulate"]
+__all__ = ["accumulate", "can_accumulate", "embedding"]

@@ -1,0 +1,118 @@
+"""torch_frontend.embedding: F.embedding's forward, a backward that adds into weight.main_grad.
+
+Each test runs on the CPU (kernels in Triton's interpreter, expected bits from the core's NumPy
+reference) and on the GPU (expected bits from embedding_dense_backward + add_ with deterministic
+algorithms), with the sizes of each machine.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_frontend
+from embwgrad_core import reference
+from tests.cases import assert_bits_equal, zipf_ids
+from tests.test_torch_frontend import DEVICE, HAS_CUDA, dense_reference, to_numpy
+
+# CPU: the feature path's kernels, tiny; GPU: the sort path at a size with long runs.
+V, H, B, S = (50, 12, 3, 8) if not HAS_CUDA else (4096, 1024, 8, 512)
+
+
+def _inputs(seed=0, padding_idx=None):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.from_numpy(zipf_ids(B * S, V, seed=seed).reshape(B, S))
+    if padding_idx is not None:
+        ids[0, :3] = padding_idx % V
+    weight = torch.randn(V, H, generator=gen).to(torch.bfloat16)
+    grad_out = torch.randn(B, S, H, generator=gen).to(torch.bfloat16)
+    main_grad = torch.randn(V, H, generator=gen)
+    return ids.to(DEVICE), weight.to(DEVICE).requires_grad_(), grad_out.to(DEVICE), main_grad.to(DEVICE)
+
+
+def _expected(ids, grad, main_grad, padding_idx=None):
+    """main_grad after the backward: PyTorch's dense path on the GPU, the core reference on CPU."""
+    if HAS_CUDA:
+        return dense_reference(ids, grad, main_grad, -1 if padding_idx is None else padding_idx % V)
+    out = reference.accumulate(ids.numpy(), to_numpy(grad), main_grad.numpy(), padding_idx=padding_idx)
+    return torch.from_numpy(out)
+
+
+def _assert_same(actual, expected, what):
+    assert_bits_equal(to_numpy(actual), to_numpy(expected), what)
+
+
+@pytest.mark.parametrize("padding_idx", [None, 3, -2])
+def test_without_main_grad_it_is_f_embedding(padding_idx):
+    ids, weight, grad_out, _ = _inputs(padding_idx=padding_idx)
+    theirs = weight.detach().clone().requires_grad_()
+    out = torch_frontend.embedding(ids, weight, padding_idx=padding_idx)
+    ref = F.embedding(ids, theirs, padding_idx=padding_idx)
+    _assert_same(out, ref, "output")
+    out.backward(grad_out)
+    ref.backward(grad_out)
+    _assert_same(weight.grad, theirs.grad, "weight.grad")
+
+
+@pytest.mark.parametrize("padding_idx", [None, 5])
+def test_adds_into_main_grad_over_micro_batches(padding_idx):
+    ids, weight, grad_out, main_grad = _inputs(padding_idx=padding_idx)
+    ids2, _, grad_out2, _ = _inputs(seed=1, padding_idx=padding_idx)
+    weight.main_grad = main_grad.clone()
+    for i, g in ((ids, grad_out), (ids2, grad_out2)):
+        torch_frontend.embedding(i, weight, padding_idx=padding_idx).backward(g)
+    expected = _expected(ids2, grad_out2, _expected(ids, grad_out, main_grad, padding_idx), padding_idx)
+    _assert_same(weight.main_grad, expected, "main_grad")
+    assert weight.grad is None  # without Megatron's flag autograd gets nothing
+
+
+def test_grad_of_a_transposed_output():
+    # Megatron's embedding returns [b, s, H] and transposes it to [s, b, H]: the lookup's grad is a
+    # strided view, read in place.
+    ids, weight, grad_out, main_grad = _inputs()
+    weight.main_grad = main_grad.clone()
+    sbh = grad_out.transpose(0, 1).contiguous()
+    torch_frontend.embedding(ids, weight).transpose(0, 1).contiguous().backward(sbh)
+    _assert_same(weight.main_grad, _expected(ids, grad_out, main_grad), "main_grad")
+
+
+@pytest.mark.parametrize("zero_out_wgrad", [False, True])
+def test_megatron_ddp_hook_convention(zero_out_wgrad):
+    # Megatron's DDP: every parameter has grad_added_to_main_grad, and a hook on its gradient
+    # accumulator adds param.grad into main_grad unless the flag says that was done, then drops it.
+    ids, weight, grad_out, main_grad = _inputs()
+    weight.main_grad = main_grad.clone()
+    weight.grad_added_to_main_grad = False
+    if zero_out_wgrad:
+        weight.zero_out_wgrad = True
+    seen = []
+
+    def hook(*_):
+        seen.append((weight.grad.shape, weight.grad.dtype, bool((weight.grad == 0).all()) if zero_out_wgrad else None))
+        if weight.grad is not None and (not weight.grad_added_to_main_grad or zero_out_wgrad):
+            weight.main_grad.add_(weight.grad.data)
+        weight.grad = None
+
+    accumulator = weight.expand_as(weight).grad_fn.next_functions[0][0]
+    accumulator.register_hook(hook)
+    torch_frontend.embedding(ids, weight).backward(grad_out)
+    assert seen == [(weight.shape, weight.dtype, True if zero_out_wgrad else None)]
+    assert weight.grad_added_to_main_grad is True and weight.grad is None
+    # main_grad holds no -0.0, so the zero dummy added by the hook changes no bit.
+    _assert_same(weight.main_grad, _expected(ids, grad_out, main_grad), "main_grad")
+
+
+def test_bad_input():
+    ids, weight, grad_out, main_grad = _inputs()
+    with pytest.raises(TypeError, match="ids"):
+        torch_frontend.embedding(ids.float(), weight)
+    with pytest.raises(ValueError, match="weight"):
+        torch_frontend.embedding(ids, weight[0])
+    with pytest.raises(ValueError, match="padding_idx"):
+        torch_frontend.embedding(ids, weight, padding_idx=V)
+    weight.main_grad = main_grad[:, :-1].clone()
+    before = weight.main_grad.clone()
+    out = torch_frontend.embedding(ids, weight)
+    with pytest.raises(ValueError, match="main_grad"):
+        out.backward(grad_out)
+    _assert_same(weight.main_grad, before, "main_grad after a bad call")
+

@@ -1,0 +1,80 @@
+"""``embedding(ids, weight)``: the lookup, with a backward that adds into ``weight.main_grad``.
+
+A drop-in for ``torch.nn.functional.embedding(ids, weight, padding_idx)`` in a training loop
+that keeps an fp32 ``main_grad`` beside each parameter (Megatron-LM's DDP and optimizers). The
+forward is ``F.embedding`` itself. The backward follows the convention of Megatron's layers that
+fuse their weight-gradient accumulation (``LinearWithGradAccumulationAndAsyncCommunication``):
+
+- ``weight.main_grad`` present: ``accumulate(ids, grad_output, weight.main_grad)`` adds the
+  gradient in place, with PyTorch CUDA's bits, touching only the rows of the ids. Then, if the
+  weight has a ``grad_added_to_main_grad`` attribute (Megatron's DDP gives every parameter one),
+  it is set True and autograd gets a dummy ``[V, H]`` gradient in the weight's dtype: uninitialised
+  (``torch.empty``, no kernel), or zeros where ``weight.zero_out_wgrad`` is True. Megatron's
+  gradient hook needs a gradient to fire (with ``overlap_grad_reduce`` it asserts one), and skips
+  adding it because of the flag. Without that attribute autograd gets None: ``weight.grad`` stays
+  as it was, and nothing else is added anywhere.
+- No ``main_grad``: autograd gets the dense gradient, ``embedding_dense_backward`` as
+  ``F.embedding``'s own backward computes it, so the function behaves exactly like ``F.embedding``.
+
+The dummy is a transient ``[V, H]`` allocation from the caching allocator, as in Megatron's own
+layers (its hook drops it at once); nothing writes it. Double backward is not supported.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from .embedding_wgrad import accumulate
+
+__all__ = ["embedding"]
+
+
+class _Embedding(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ids, weight, padding_idx):
+        ctx.save_for_backward(ids, weight)
+        ctx.padding_idx = padding_idx
+        return F.embedding(ids, weight)  # padding_idx changes only the backward
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output):
+        ids, weight = ctx.saved_tensors
+        if not ctx.needs_input_grad[1]:
+            return None, None, None
+        main_grad = getattr(weight, "main_grad", None)
+        if main_grad is None:
+            pad = -1 if ctx.padding_idx is None else ctx.padding_idx % weight.shape[0]
+            dense = torch.ops.aten.embedding_dense_backward(grad_output, ids, weight.shape[0], pad, False)
+            return None, dense, None
+        accumulate(ids, grad_output, main_grad, padding_idx=ctx.padding_idx)
+        if not hasattr(weight, "grad_added_to_main_grad"):
+            return None, None, None
+        weight.grad_added_to_main_grad = True
+        make = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
+        return None, make(weight.shape, dtype=weight.dtype, device=weight.device), None
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None) -> torch.Tensor:
+    """``F.embedding(ids, weight, padding_idx)`` whose backward adds into ``weight.main_grad``.
+
+    Args:
+        ids: int32 or int64 [*S], token ids (as the lookup should use them: for Megatron's
+            ``VocabParallelEmbedding``, its ``masked_input``).
+        weight: [V, H] parameter. If it has a ``main_grad`` ([V, H], contiguous), the backward
+            adds into it (see the module docstring for what autograd then gets).
+        padding_idx: as in torch.nn.functional.embedding: that row gets no gradient.
+
+    Returns:
+        [*S, H], the rows of weight: ``F.embedding``'s own output.
+
+    Raises TypeError or ValueError naming the argument. ``main_grad`` is checked when the
+    backward runs, by ``accumulate``, before it is touched.
+    """
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"ids must be an int32 or int64 torch.Tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"weight must be a 2-D torch.Tensor [V, H], got {getattr(weight, 'shape', type(weight).__name__)}")
+    if padding_idx is not None and (type(padding_idx) is not int or not -weight.shape[0] <= padding_idx < weight.shape[0]):
+        raise ValueError(f"padding_idx must be None or an int in [-V, V) with V = {weight.shape[0]}, got {padding_idx!r}")
+    return _Embedding.apply(ids, weight, padding_idx)
