@@ -3,9 +3,10 @@
 Both backends (Pallas interpret mode on CPU, the Triton kernels on a GPU): every shared CPU
 case against the core reference, each stage against the core's plan, the four sorts, input
 checks, empty inputs, a user's jit with lax.scan, the README's training-step recipe (jax.vjp),
-donation, the CUDA lowering (Triton pinned, main_grad aliased), the distance to XLA's own dense scatter-add. GPU only (skipped unless
-jax's default backend is "gpu"; EMBWGRAD_REQUIRE_GPU=1 makes a missing GPU a failure): the
-shared GPU cases against the core reference, absent rows, extra memory.
+donation, the CUDA lowering (Triton pinned, main_grad aliased), the distance to XLA's own dense
+scatter-add. GPU only (skipped unless jax's default backend is "gpu"; EMBWGRAD_REQUIRE_GPU=1
+makes a missing GPU a failure): the shared GPU cases against the core reference, absent rows,
+extra memory.
 """
 
 import dataclasses
