@@ -92,6 +92,50 @@ def _gather(pos_ptr, grad_ptr, out_ptr, counters_ptr, group, hidden, items, ROWS
             tl.store(out_ptr + p.to(tl.int64) * hidden + cols, acc, mask=m & (acc == -1234.5))
 
 
+@triton.jit
+def _gather_flat(pos_ptr, grad_ptr, out_ptr, hidden, items, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, STAGES: tl.constexpr,
+                 STORE: tl.constexpr):
+    """Resident programs striding the items, as _gather, but one loop over (item, row) pairs that
+    Triton's pipeliner takes (num_stages on tl.range): each row goes to shared memory by an
+    asynchronous copy, STAGES - 1 rows ahead, across item boundaries, so a warp keeps rows in flight
+    without holding them in registers (NOTES v26). Timing only: a partial starts from its first row,
+    not from +0 (the frontend's arithmetic differs for a first row of -0.0)."""
+    num_hb = tl.cdiv(hidden, BLOCK_H)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    mine = tl.cdiv(items - pid, nprog)
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for k in tl.range(0, mine * ROWS, num_stages=STAGES):
+        w = pid + (k // ROWS) * nprog
+        t = k % ROWS
+        p = w // num_hb
+        cols = (w % num_hb) * BLOCK_H + tl.arange(0, BLOCK_H)
+        m = cols < hidden
+        pos_t = tl.load(pos_ptr + p * ROWS + t).to(tl.int64)
+        row = tl.load(grad_ptr + pos_t * hidden + cols, mask=m, other=0.0).to(tl.float32)
+        acc = tl.where(t == 0, row, acc + row)
+        last = m & ((cols * 0 + t) == ROWS - 1)
+        if STORE:
+            tl.store(out_ptr + p.to(tl.int64) * hidden + cols, acc, mask=last)
+        else:  # never true: keeps the loads without writing
+            tl.store(out_ptr + p.to(tl.int64) * hidden + cols, acc, mask=last & (acc == -1234.5))
+
+
+#: (name, BLOCK_H, warps, programs per SM, STAGES, store) of _gather_flat
+FLAT_CASES = [
+    ("flat, 8 per SM, 1 stage", 1024, 1, 8, 1, False),
+    ("flat, 8 per SM, 4 stages", 1024, 1, 8, 4, False),
+    ("flat, 8 per SM, 8 stages", 1024, 1, 8, 8, False),
+    ("flat, 8 per SM, 11 stages", 1024, 1, 8, 11, False),
+    ("flat, 14 per SM, 4 stages", 1024, 1, 14, 4, False),
+    ("flat, 14 per SM, 8 stages", 1024, 1, 14, 8, False),
+    ("flat, 4 per SM, 11 stages", 1024, 1, 4, 11, False),
+    ("flat, 8 per SM, 8 stages, store", 1024, 1, 8, 8, True),
+    ("flat, 8 per SM, 512 cols, 11 stages", 512, 1, 8, 11, False),
+    ("flat, 16 per SM, 512 cols, 8 stages", 512, 1, 16, 8, False),
+]
+
+
 CASES = [  # (name, rows per item, BLOCK_H, warps, store, store's L2 policy, release atomic, partials per counter,
     #         programs per SM or 0 for one per item, ten rows' loads first)
     ("rows 1", 1, 1024, 1, False, "", False, 1, 0, False),
@@ -138,6 +182,20 @@ def main():
         def run():
             _gather[grid](pos, grad, out, counters, group, REAL_H, items, ROWS=rows, BLOCK_H=block_h, STORE=store, POLICY=policy, RELEASE=release,
                           FIRST=first, num_warps=warps)
+
+        us = graph_ms(run) * 1e3
+        read = READS * REAL_H * 2
+        written = partials * REAL_H * 4 if store else 0
+        print(f"{name:34s} {us:8.1f} us  reads {read / us / 1e6:.2f} TB/s  (reads + writes {(read + written) / us / 1e6:.2f} TB/s)",
+              flush=True)
+    for name, block_h, warps, per_sm, stages, store in FLAT_CASES:
+        pos = torch.randint(0, ROWS_IN_GRAD, (READS,), device="cuda", dtype=torch.int32)
+        partials = READS // 10
+        out = torch.empty(partials, REAL_H, device="cuda")
+        items = partials * triton.cdiv(REAL_H, block_h)
+
+        def run():
+            _gather_flat[(per_sm * sms,)](pos, grad, out, REAL_H, items, ROWS=10, BLOCK_H=block_h, STAGES=stages, STORE=store, num_warps=warps)
 
         us = graph_ms(run) * 1e3
         read = READS * REAL_H * 2
