@@ -93,8 +93,8 @@ def _gather(pos_ptr, grad_ptr, out_ptr, counters_ptr, group, hidden, items, ROWS
 
 
 @triton.jit
-def _gather_flat(pos_ptr, grad_ptr, out_ptr, hidden, items, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, STAGES: tl.constexpr,
-                 STORE: tl.constexpr):
+def _gather_flat(pos_ptr, grad_ptr, out_ptr, hidden, items, rec_ptr, counters_ptr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+                 STAGES: tl.constexpr, STORE: tl.constexpr, RECORD: tl.constexpr = False, RELEASE: tl.constexpr = False):
     """Resident programs striding the items, as _gather, but one loop over (item, row) pairs that
     Triton's pipeliner takes (num_stages on tl.range): each row goes to shared memory by an
     asynchronous copy, STAGES - 1 rows ahead, across item boundaries, so a warp keeps rows in flight
@@ -109,16 +109,21 @@ def _gather_flat(pos_ptr, grad_ptr, out_ptr, hidden, items, ROWS: tl.constexpr, 
         w = pid + (k // ROWS) * nprog
         t = k % ROWS
         p = w // num_hb
+        if RECORD:  # the partial's first slot from a record, as the frontend's items (one more round trip)
+            p = tl.load(rec_ptr + p)
         cols = (w % num_hb) * BLOCK_H + tl.arange(0, BLOCK_H)
         m = cols < hidden
         pos_t = tl.load(pos_ptr + p * ROWS + t).to(tl.int64)
         row = tl.load(grad_ptr + pos_t * hidden + cols, mask=m, other=0.0).to(tl.float32)
-        acc = tl.where(t == 0, row, acc + row)
+        acc = tl.where((cols * 0 + t) == 0, row, acc + row)
         last = m & ((cols * 0 + t) == ROWS - 1)
         if STORE:
             tl.store(out_ptr + p.to(tl.int64) * hidden + cols, acc, mask=last)
         else:  # never true: keeps the loads without writing
             tl.store(out_ptr + p.to(tl.int64) * hidden + cols, acc, mask=last & (acc == -1234.5))
+        if RELEASE:  # as _long_partials_piped: the warp meets, then the last row's release atomic
+            tl.inline_asm_elementwise("bar.warp.sync -1; mov.u32 $0, 0;", "=r,r", [t], dtype=tl.int32, is_pure=False, pack=1)
+            tl.atomic_add(counters_ptr + p // 111, 1, mask=t == ROWS - 1, sem="release", scope="gpu")
 
 
 #: (name, BLOCK_H, warps, programs per SM, STAGES, store) of _gather_flat
@@ -133,6 +138,16 @@ FLAT_CASES = [
     ("flat, 8 per SM, 8 stages, store", 1024, 1, 8, 8, True),
     ("flat, 8 per SM, 512 cols, 11 stages", 512, 1, 8, 11, False),
     ("flat, 16 per SM, 512 cols, 8 stages", 512, 1, 16, 8, False),
+]
+#: (name, programs per SM, STAGES, store, record, release): the frontend's form step by step
+FLAT_FRONTEND = [
+    ("flat 8/SM s4 + record", 8, 4, False, True, False),
+    ("flat 8/SM s8 + record", 8, 8, False, True, False),
+    ("flat 8/SM s4 + store + release", 8, 4, True, False, True),
+    ("flat 8/SM s4 + record + store + release", 8, 4, True, True, True),
+    ("flat 8/SM s8 + record + store + release", 8, 8, True, True, True),
+    ("flat 4/SM s4 + record + store + release", 4, 4, True, True, True),
+    ("flat 12/SM s4 + record + store + release", 12, 4, True, True, True),
 ]
 
 
@@ -188,14 +203,17 @@ def main():
         written = partials * REAL_H * 4 if store else 0
         print(f"{name:34s} {us:8.1f} us  reads {read / us / 1e6:.2f} TB/s  (reads + writes {(read + written) / us / 1e6:.2f} TB/s)",
               flush=True)
-    for name, block_h, warps, per_sm, stages, store in FLAT_CASES:
+    cases = [(*c, False, False) for c in FLAT_CASES] + [(n, 1024, 1, ps, st, sto, rec, rel) for n, ps, st, sto, rec, rel in FLAT_FRONTEND]
+    for name, block_h, warps, per_sm, stages, store, record, release in cases:
         pos = torch.randint(0, ROWS_IN_GRAD, (READS,), device="cuda", dtype=torch.int32)
         partials = READS // 10
         out = torch.empty(partials, REAL_H, device="cuda")
         items = partials * triton.cdiv(REAL_H, block_h)
+        rec = torch.randperm(partials, device="cuda", dtype=torch.int32)
 
         def run():
-            _gather_flat[(per_sm * sms,)](pos, grad, out, REAL_H, items, ROWS=10, BLOCK_H=block_h, STAGES=stages, STORE=store, num_warps=warps)
+            _gather_flat[(per_sm * sms,)](pos, grad, out, REAL_H, items, rec, counters, ROWS=10, BLOCK_H=block_h, STAGES=stages, STORE=store,
+                                          RECORD=record, RELEASE=release, num_warps=warps)
 
         us = graph_ms(run) * 1e3
         read = READS * REAL_H * 2

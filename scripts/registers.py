@@ -8,7 +8,8 @@ The GPU launch specialises what compile_check.py leaves generic: pointers and si
 by 16 (so grad rows load as 16-byte vectors), grad_dim1 = grad_stride_h = 1, one warp. Without
 these hints the same kernel compiles to 255 registers and a stack; with them, pip Triton 3.6
 reproduces the device's counts (NOTES v12: 139-141 registers). It prints the registers, the
-stack and the spill instructions from Triton's bundled cuobjdump, so a change's effect on
+stack, the spill instructions, the cp.async copies (LDGSTS: Triton's pipeliner took a loop) and the
+shared memory, from Triton's bundled cuobjdump, so a change's effect on
 occupancy can be checked before a device call, and a hash of the SASS: a refactor that leaves
 it unchanged under pip Triton 3.6 (the H200's) leaves the device's machine code unchanged.
 Compiles only; launches nothing.
@@ -64,7 +65,8 @@ def usage(constexprs: dict, maxnreg=None) -> str:
     # A refactor that leaves this hash unchanged left the machine code unchanged (no GPU run needed).
     code = "\n".join(line for line in sass.splitlines() if "Function" not in line and "code for" not in line and ".text" not in line)
     digest = hashlib.sha256(code.encode()).hexdigest()[:12]
-    return f"{regs} registers, {stack} B stack, {spills} spill instructions, SASS {digest}"
+    return (f"{regs} registers, {stack} B stack, {spills} spill instructions, {sass.count('LDGSTS')} LDGSTS, "
+            f"{kernel.metadata.shared} B shared, SASS {digest}")
 
 
 def parse(arg: str):
