@@ -116,3 +116,13 @@ def test_bad_input():
         out.backward(grad_out)
     _assert_same(weight.main_grad, before, "main_grad after a bad call")
 
+
+
+def test_under_torch_compile():
+    # accumulate is a graph break (torch.compiler.disable): the compiled step gives the same bits.
+    ids, weight, grad_out, main_grad = _inputs()
+    weight.main_grad = main_grad.clone()
+    torch._dynamo.reset()
+    step = torch.compile(lambda i, w: torch_frontend.embedding(i, w) * 2, backend="aot_eager")
+    step(ids, weight).backward(grad_out)
+    _assert_same(weight.main_grad, _expected(ids, grad_out * 2, main_grad), "main_grad")
