@@ -117,7 +117,6 @@ def test_bad_input():
     _assert_same(weight.main_grad, before, "main_grad after a bad call")
 
 
-
 def test_under_torch_compile():
     # accumulate is a graph break (torch.compiler.disable): the compiled step gives the same bits.
     ids, weight, grad_out, main_grad = _inputs()

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from embwgrad_core.validate import normalize_padding_idx
+
 from .embedding_wgrad import accumulate
 
 __all__ = ["embedding"]
@@ -31,9 +33,9 @@ __all__ = ["embedding"]
 
 class _Embedding(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, ids, weight, padding_idx):
+    def forward(ctx, ids, weight, pad):
         ctx.save_for_backward(ids, weight)
-        ctx.padding_idx = padding_idx
+        ctx.pad = pad  # padding_idx in [0, V), or -1 for none (normalize_padding_idx)
         return F.embedding(ids, weight)  # padding_idx changes only the backward
 
     @staticmethod
@@ -44,10 +46,9 @@ class _Embedding(torch.autograd.Function):
             return None, None, None
         main_grad = getattr(weight, "main_grad", None)
         if main_grad is None:
-            pad = -1 if ctx.padding_idx is None else ctx.padding_idx % weight.shape[0]
-            dense = torch.ops.aten.embedding_dense_backward(grad_output, ids, weight.shape[0], pad, False)
+            dense = torch.ops.aten.embedding_dense_backward(grad_output, ids, weight.shape[0], ctx.pad, False)
             return None, dense, None
-        accumulate(ids, grad_output, main_grad, padding_idx=ctx.padding_idx)
+        accumulate(ids, grad_output, main_grad, padding_idx=ctx.pad if ctx.pad >= 0 else None)
         if not hasattr(weight, "grad_added_to_main_grad"):
             return None, None, None
         weight.grad_added_to_main_grad = True
@@ -68,13 +69,12 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None) -> t
     Returns:
         [*S, H], the rows of weight: ``F.embedding``'s own output.
 
-    Raises TypeError or ValueError naming the argument. ``main_grad`` is checked when the
-    backward runs, by ``accumulate``, before it is touched.
+    Raises TypeError or ValueError naming the argument (padding_idx by the core's check, as
+    ``accumulate``). ``main_grad`` is checked when the backward runs, by ``accumulate``, before
+    it is touched.
     """
     if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"ids must be an int32 or int64 torch.Tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise ValueError(f"weight must be a 2-D torch.Tensor [V, H], got {getattr(weight, 'shape', type(weight).__name__)}")
-    if padding_idx is not None and (type(padding_idx) is not int or not -weight.shape[0] <= padding_idx < weight.shape[0]):
-        raise ValueError(f"padding_idx must be None or an int in [-V, V) with V = {weight.shape[0]}, got {padding_idx!r}")
-    return _Embedding.apply(ids, weight, padding_idx)
+    return _Embedding.apply(ids, weight, normalize_padding_idx(padding_idx, weight.shape[0]))
