@@ -21,6 +21,23 @@ SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is
 #: name -> _Config fields to override
 VARIANTS = {
     "default": {},
+    # v27: a long run's fold is a chain of loads in batches: narrower columns, more partials in flight
+    "fold 64x64": dict(fold_h=64, fold_batch=64),
+    "fold 32x64": dict(fold_h=32, fold_batch=64),
+    "fold 32x128": dict(fold_h=32, fold_batch=128),
+    "long 32x128": dict(long_block_h=32, long_batch=128),
+    "long 64x64": dict(long_block_h=64, long_batch=64),
+    # v27: the folds' sums pipelined through shared memory (_fold_piped): stages, partials per stage
+    "fp s4 b4": dict(fold_stages=4, fold_batch=4),
+    "fp s8 b2": dict(fold_stages=8, fold_batch=2),
+    "fp s3 b8": dict(fold_stages=3, fold_batch=8),
+    "fp s4 b8 h128": dict(fold_stages=4, fold_batch=8, fold_h=128),
+    "lp s4 b8": dict(long_stages=4, long_batch=8),
+    "lp s8 b4": dict(long_stages=8, long_batch=4),
+    "lp s4 b16": dict(long_stages=4, long_batch=16),
+    "fp s4 b4 lp s4 b8": dict(fold_stages=4, fold_batch=4, long_stages=4, long_batch=8),
+    "count plain": dict(count_aggregate=False),
+    "lp off": dict(long_stages=0, long_batch=32),  # v27: _long_runs_kernel's sums unpipelined, as before (LONG_FOLD)  # v27: one atomic per token in the lone tokens' count, as before
     # v8: long runs folded by the partials kernel's first programs up to FOLD_ROLE_MAX_TOKENS;
     # "fold kernel" folds them in the long-run kernel, started early, at every size.
     "fold kernel": dict(fold_programs=0),

@@ -92,6 +92,15 @@ STAGE_ROUTES = {
     "rank-small": (FEATURE, dict(block_i=2 * CHUNK, block_j=CHUNK, block_h=8)),
     "rank-wide-steps": (FEATURE, dict(block_i=CHUNK, block_j=4 * CHUNK, block_h=8)),
     "merge-small-h-blocks": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, block_h=8)),
+    # Long runs folded by the long-run kernel, its 32-column items over H blocks of 8; its sums
+    # pipelined (LONG_FOLD, the GPU's default), and not; the folders' sums pipelined (_fold_piped).
+    "merge-small-h-blocks-fold-kernel": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, block_h=8,
+                                                    long_block_h=32, fold_programs=0)),
+    "merge-fold-kernel-piped": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, fold_programs=0,
+                                           long_stages=3, long_batch=3)),
+    "merge-fold-kernel-unpiped": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, fold_programs=0,
+                                             long_stages=0, long_batch=32)),
+    "merge-fold-piped": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, fold_stages=3, fold_batch=2)),
     "merge-record-first": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, record_hint=False)),
     # Lone tokens (ids that occur once) below lone_tokens are added before the plan, the others from records.
     "merge-lone-64": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, lone_tokens=64, lone_per_program=3)),
@@ -163,6 +172,27 @@ def test_stages_match_core_plan(route):
     if cfg.fold_programs == 0:  # else the partials kernel folded the long runs
         ew._long_runs_stage(device_plan, partials, out, problem, cfg)
     assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad, path=path))
+
+
+@cpu_only
+@pytest.mark.parametrize("count_block", [8, 1024])
+@pytest.mark.parametrize("aggregate", [True, False])
+def test_lone_counts_are_each_ids_tokens(monkeypatch, count_block, aggregate):
+    """The merge kernel's counting programs (_count_ids) leave each id's number of tokens at its
+    count, whether they add one per token or one per group of equal keys (lanes [a, b]: b + 1 and
+    -a); with blocks of 8 tokens (merge blocks of 16), groups cross the counting blocks and each program takes several."""
+    monkeypatch.setattr(ew, "_COUNT_BLOCK", ew.tl.constexpr(count_block))  # the interpreter reads it at run time
+    lengths = (1, 2, 3, 9, 10, 11, 17, 33, 45) + (1,) * 40
+    case = Case("counts", runs_ids(lengths, 1000, seed=5), 8, 1000, path=SORT, padding_idx=None)
+    ids, grad, main_grad = case.arrays()
+    ids_t = to_torch(ids)
+    problem = ew._check(ids_t, to_torch(grad), to_torch(main_grad), None)
+    cfg = dataclasses.replace(ew._config(problem, SORT, True), sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8,
+                              lone_tokens=64, count_aggregate=aggregate)
+    plan = ew._plan_stage(ids_t, problem, cfg)
+    assert plan.count_programs == -(-ids.size // count_block) > (1 if count_block == 8 else 0)
+    counts = to_numpy(plan.counts)[np.unique(ids)]
+    assert counts.tolist() == np.bincount(ids)[np.unique(ids)].tolist()
 
 
 @cpu_only

@@ -138,6 +138,23 @@ RECORD_L1_HINT = False
 LONE_TOKENS = ((4096, 0), (MERGE_SORT_MAX_TOKENS, 2048))
 LONE_PER_PROGRAM = 2
 
+#: Merge sort with lone tokens: the counting programs add one atomic per group of equal keys
+#: (_count_ids), not one per token. Atomics on one address are serialised, so an id of many
+#: tokens cost the plan 1-2 ns a token: Megatron's vocab-parallel lookup on a rank of TP = 8 sends
+#: about 7/8 of the tokens to row 0 (benchmarks/probe_tp.py). H200, graph replay (NOTES v27),
+#: per token / per group: 8192 TP8 112.3 / 108.6 us, 16384 TP8 214.8 / 203.6, 32768 TP8 430.2 /
+#: 408.2, 16384 Zipf 178.9 / 176.4, 32768 Zipf 335.2 / 329.9; 8192 Zipf 90.4 both. (Measuring
+#: the two-atomic form.)
+COUNT_AGGREGATE = True
+
+#: Sort path: _long_runs_kernel's sums pipelined (_fold_piped): (stages, partials per stage).
+#: A long run's fold is one chain of adds in partial order, so it waits on its loads; pipelined, a
+#: fold keeps more partials in flight. H200, graph replay (NOTES v27), long_batch 32 unpipelined /
+#: (4, 8): 16384 TP8 203.6 / 174.1 us, 32768 TP8 408.2 / 341.8, 16384 Zipf 178.7 / 179.5, 32768 Zipf
+#: 335.9 / 331.9. (Measuring.) The partials kernel's own folders (n <= FOLD_ROLE_MAX_TOKENS) are
+#: not pipelined: their shared memory is every program's, and the call lost 2-5 us at 8192 Zipf.
+LONG_FOLD = (4, 8)
+
 #: A long run's partials past its last full batch are folded FOLD_TAIL at a time (_fold).
 FOLD_TAIL = tl.constexpr(4)
 
@@ -438,7 +455,7 @@ def _block_sort_kernel(
 
 
 @triton.jit
-def _count_ids(ws_ptr, n, counts_ptr, c, counters, PDL: tl.constexpr):
+def _count_ids(ws_ptr, n, counts_ptr, c, counters, PDL: tl.constexpr, AGGREGATE: tl.constexpr):
     """Counter c of `counters` (programs after the merge's): count each id's tokens of its part, then
     count itself in the header's _LONE_COUNTED (release), which the partials kernel's lone programs
     wait for. Only then may that kernel launch (PDL), so they wait little, and the merge's own
@@ -446,10 +463,22 @@ def _count_ids(ws_ptr, n, counts_ptr, c, counters, PDL: tl.constexpr):
     (at the tokens' ids: no [V] memset) and the header."""
     if PDL:
         gdc_wait()
+    lane = tl.arange(0, _COUNT_BLOCK)
     for t0 in range(c * _COUNT_BLOCK, n, counters * _COUNT_BLOCK):
-        t = t0 + tl.arange(0, _COUNT_BLOCK)
+        t = t0 + lane
         key = tl.load(ws_ptr + _AUX * n + t, mask=t < n, other=-1)  # block-sorted keys: -1 adds nothing
-        tl.atomic_add(counts_ptr + key, 1, mask=key >= 0, sem="relaxed")
+        if AGGREGATE:
+            # Equal keys lie next to each other (within a merge block), and atomics on one address are
+            # serialised (a token per atomic cost an id of many tokens 1-2 ns per token): a group of
+            # equal keys at lanes [a, b] adds b + 1 by its last token and -a by its first (the sum is
+            # its size once both are in; only then is it read), a group of one adds 1.
+            before = tl.load(ws_ptr + _AUX * n + t - 1, mask=(lane > 0) & (t < n), other=-2)
+            after = tl.load(ws_ptr + _AUX * n + t + 1, mask=(lane < _COUNT_BLOCK - 1) & (t + 1 < n), other=-2)
+            first, last = before != key, after != key
+            add = tl.where(first & last, 1, tl.where(last, lane + 1, -lane))
+            tl.atomic_add(counts_ptr + key, add, mask=(key >= 0) & (first | last), sem="relaxed")
+        else:
+            tl.atomic_add(counts_ptr + key, 1, mask=key >= 0, sem="relaxed")
     tl.debug_barrier()
     tl.atomic_add(ws_ptr + _LONG * n + _LONE_COUNTED, 1, sem="release", scope="gpu")
     if PDL:
@@ -474,6 +503,7 @@ def _merge_rank_kernel(
     WINDOW: tl.constexpr,  # 0, or keys per window: the searches start in the window that the samples give
     COUNT: tl.constexpr,  # programs past merge_programs count each id's tokens (_count_ids)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
+    COUNT_AGGREGATE: tl.constexpr,  # COUNT: one atomic per group of equal keys (_count_ids)
 ):
     """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
 
@@ -483,7 +513,8 @@ def _merge_rank_kernel(
     """
     if COUNT:
         if tl.program_id(0) >= merge_programs:
-            _count_ids(ws_ptr, n, counts_ptr, tl.program_id(0) - merge_programs, tl.num_programs(0) - merge_programs, PDL)
+            _count_ids(ws_ptr, n, counts_ptr, tl.program_id(0) - merge_programs, tl.num_programs(0) - merge_programs, PDL,
+                       COUNT_AGGREGATE)
             return
     _pdl_enter(PDL)
     u = tl.program_id(0) * BLOCK_U + tl.arange(0, BLOCK_U)
@@ -687,6 +718,7 @@ def _partials_kernel(
     LONE: tl.constexpr,  # merge sort: add the lone tokens of positions [0, lone_tokens) first (_lone_tokens)
     SCRATCH_POLICY: tl.constexpr,  # L2 eviction policy of the long runs' partials' stores: "evict_last" or "" (none)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
+    FOLD_STAGES: tl.constexpr,  # sort path: > 0, the folders' sums pipelined over this many stages, FOLD_BATCH partials each (_fold_piped)
 ):
     """Sum every partial over every H block: items (partial, H block), H block fastest.
 
@@ -737,7 +769,7 @@ def _partials_kernel(
         folder = (pid >= fold_lo) & (pid < fold_lo + fold_programs)
         if folder:
             _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, pid - fold_lo,
-                       fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH)
+                       fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH, FOLD_STAGES)
         wid = pid - tl.where(pid >= fold_lo + fold_programs, fold_programs, 0)  # this program among the others
         # The last tail_programs programs (they start last) take the last items, one each, so that
         # the kernel ends one item after the steady state rather than a few (NOTES v10); the
@@ -1005,10 +1037,31 @@ def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_P
     return acc
 
 
+@triton.jit
+def _fold_piped(partials_ptr, run_start, num_partials, hidden, cols, live_h, SPAN: tl.constexpr, GRAD_ROUNDING: tl.constexpr,
+                ROWS: tl.constexpr, STAGES: tl.constexpr, CACHE: tl.constexpr):
+    """Sort path: _fold's sum as one loop that Triton's pipeliner takes (num_stages): ROWS partials an
+    iteration, each copied to shared memory by cp.async STAGES - 1 iterations ahead, so that a long
+    run's fold keeps (STAGES - 1) * ROWS partials in flight without registers for them (a fold is
+    one chain of adds; _fold waits for each batch's loads before it asks for the next batch's).
+    Partials past the run's last load as +0: the sum starts at +0 and is never -0, so adding +0
+    leaves it.
+    """
+    acc = tl.zeros(cols.shape, dtype=tl.float32)
+    for k0 in tl.range(0, num_partials, ROWS, num_stages=STAGES):
+        for u in tl.static_range(ROWS):
+            k = tl.minimum(k0 + u, num_partials)  # (a tensor under the interpreter too; past the last, masked)
+            row = _partial_row(run_start, k, False, SPAN)
+            live = cols < tl.where(k < num_partials, hidden, 0)
+            acc += _from_scratch(tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live & live_h, other=0,
+                                         cache_modifier=CACHE))
+    return _round(acc, GRAD_ROUNDING)
+
+
 @triton.jit(noinline=True)
 def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, fid, folders,
                SPAN: tl.constexpr, GRAD_ROUNDING: tl.constexpr, MAIN_ROUNDING: tl.constexpr, FOLD_H: tl.constexpr,
-               FOLD_BATCH: tl.constexpr):
+               FOLD_BATCH: tl.constexpr, FOLD_STAGES: tl.constexpr):
     """Sort path, inside _partials_kernel: fold the listed long runs, (run, FOLD_H columns) items strided by `folders` programs.
 
     Each item waits until all the run's partials have arrived (num_partials * num_hb items of
@@ -1031,7 +1084,11 @@ def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride,
         num_partials = tl.load(_listed(ws_ptr, n, e) + 1)
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         _wait_for(arrivals + run_start, num_partials * num_hb)
-        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, False, SPAN, GRAD_ROUNDING, FOLD_BATCH, ".cg")
+        if FOLD_STAGES > 0:
+            acc = _fold_piped(partials_ptr, run_start, num_partials, hidden, cols, live_h, SPAN, GRAD_ROUNDING, FOLD_BATCH, FOLD_STAGES,
+                              ".cg")
+        else:
+            acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, False, SPAN, GRAD_ROUNDING, FOLD_BATCH, ".cg")
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
 
 
@@ -1052,6 +1109,7 @@ def _long_runs_kernel(
     BLOCK_H: tl.constexpr,
     BATCH: tl.constexpr,  # partials loaded per step
     PDL: tl.constexpr,  # launched with programmatic dependent launch
+    STAGES: tl.constexpr,  # sort path: > 0, the sums pipelined over this many stages, BATCH partials each (_fold_piped)
 ):
     """Fold each listed run's partials in order, round, add to main_grad; programs stride the list.
 
@@ -1075,7 +1133,12 @@ def _long_runs_kernel(
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         if early:  # this run's partials are in once its arrival counter is full
             _wait_for(arrivals + run_start, num_partials * partial_hb)
-        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "")
+        if FEATURE_PATH:
+            acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "")
+        elif STAGES > 0:
+            acc = _fold_piped(partials_ptr, run_start, num_partials, hidden, cols, live_h, SPAN, GRAD_ROUNDING, BATCH, STAGES, "")
+        else:
+            acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "")
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
     if early:
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
@@ -1125,6 +1188,9 @@ class _Config:
     scratch_evict_last: bool  # long runs' partials stored with L2 priority evict_last (SCRATCH_EVICT_LAST)
     long_warps: int
     max_long_runs: int
+    count_aggregate: bool  # merge sort with lone tokens: one atomic per group of equal keys in the count (COUNT_AGGREGATE)
+    fold_stages: int  # sort path: > 0, the folders' sums pipelined over this many stages, fold_batch partials each (_fold_piped)
+    long_stages: int  # sort path: the same for _long_runs_kernel, long_batch partials each (LONG_FOLD)
 
 
 @lru_cache(maxsize=None)
@@ -1183,10 +1249,13 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         # Programs along the run list: an empty list costs ~1 us less at 64 than at 146, and a
         # long list (large n) wants more programs, each folding fewer runs one after another.
         long_programs=max(1, min(max_long_runs, max(64, min(4096 // long_hb, n // 128)))),
-        long_batch=32,
+        long_batch=32 if feature else LONG_FOLD[1],
         scratch_evict_last=SCRATCH_EVICT_LAST,
         long_warps=1,
         max_long_runs=max_long_runs,
+        count_aggregate=COUNT_AGGREGATE,
+        fold_stages=0,
+        long_stages=0 if feature else LONG_FOLD[0],
     )
 
 
@@ -1397,6 +1466,7 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
             WINDOW=window,
             GROUP_P2=triton.next_power_of_2(max(group, 1)),
             COUNT=counts is not None,
+            COUNT_AGGREGATE=cfg.count_aggregate,
         )
         return plan
     plan = _Plan(ws, n, cfg.max_long_runs, group_cap)
@@ -1480,6 +1550,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         PREFETCH_L2=prefetch,
         LONE=lone,
         SCRATCH_POLICY="evict_last" if cfg.scratch_evict_last else "",
+        FOLD_STAGES=cfg.fold_stages,
     )
     return partials
 
@@ -1500,6 +1571,7 @@ def _long_runs_stage(plan: _Plan, partials, main_grad, problem: Problem, cfg: _C
         MAIN_ROUNDING=ROUNDING_CODE[problem.main_grad_dtype],
         BLOCK_H=cfg.long_block_h,
         BATCH=cfg.long_batch,
+        STAGES=cfg.long_stages,
     )
 
 

@@ -1,0 +1,176 @@
+"""Megatron's vocab-parallel embedding on one tensor-parallel rank: the ids as the rank looks them up.
+
+`VocabParallelEmbedding` on rank r of TP holds rows [r * V / TP, (r + 1) * V / TP); it looks up
+`masked_input` (an in-shard id minus the shard's start, 0 for every other token) and zeroes the
+other tokens' output rows, so the grad rows of those tokens are zero and, with TP = 8, about
+7/8 of the tokens fall into one run at row 0. This probe times that input, the form every
+Megatron user with TP > 1 hands `accumulate`, against the dense path on the shard's main_grad
+[V / TP, H] and the floor, each call first checked bit for bit against the deterministic dense path.
+
+    python benchmarks/probe_tp.py                    (torch; default points)
+    python benchmarks/probe_tp.py "default,fold_h 64"  (those variants)
+    PROBE_POINTS=8192:8,8192:2 python benchmarks/probe_tp.py   (n:TP)
+    python benchmarks/probe_tp.py --jax              (the JAX frontend, chains of donated calls)
+"""
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import floor_bytes, print_variant_table  # noqa: E402
+
+from tests.cases import REAL_H, REAL_V, zipf_ids  # noqa: E402
+
+SMS = 132  # H200
+RANK = 1  # not rank 0: the frequent ids are spread over V (tests.cases.zipf_ids), so every rank looks alike
+
+VARIANTS = {
+    "default": {},
+    "fold_h 128": dict(fold_h=128),
+    "fold_h 64": dict(fold_h=64),
+    "fold batch 32": dict(fold_batch=32),
+    "fold kernel": dict(fold_programs=0),
+    "no evict last": dict(scratch_evict_last=False),
+    "tail 0": dict(tail_programs=0),
+    "pp 128": dict(partial_programs=128 * SMS),
+    # v27: a long run's fold is a chain of loads in batches: narrower columns, more partials in flight
+    "fold 64x64": dict(fold_h=64, fold_batch=64),
+    "fold 32x64": dict(fold_h=32, fold_batch=64),
+    "fold 32x128": dict(fold_h=32, fold_batch=128),
+    "long 32x128": dict(long_block_h=32, long_batch=128),
+    "long 64x64": dict(long_block_h=64, long_batch=64),
+    "pp 12 t0": dict(partial_programs=12 * SMS, tail_programs=0),
+    "pp 24 t0": dict(partial_programs=24 * SMS, tail_programs=0),
+    "pp 48 t0": dict(partial_programs=48 * SMS, tail_programs=0),
+    "pp 24 t0 f64": dict(partial_programs=24 * SMS, tail_programs=0, fold_h=64, fold_batch=64),
+    "pp 12 t0 f64": dict(partial_programs=12 * SMS, tail_programs=0, fold_h=64, fold_batch=64),
+    # v27: the folds' sums pipelined through shared memory (_fold_piped): stages, partials per stage
+    "fp s4 b4": dict(fold_stages=4, fold_batch=4),
+    "fp s8 b2": dict(fold_stages=8, fold_batch=2),
+    "fp s3 b8": dict(fold_stages=3, fold_batch=8),
+    "fp s4 b8 h128": dict(fold_stages=4, fold_batch=8, fold_h=128),
+    "lp s4 b8": dict(long_stages=4, long_batch=8),
+    "lp s8 b4": dict(long_stages=8, long_batch=4),
+    "lp s4 b16": dict(long_stages=4, long_batch=16),
+    "fp s4 b4 lp s4 b8": dict(fold_stages=4, fold_batch=4, long_stages=4, long_batch=8),
+    "count plain": dict(count_aggregate=False),
+    "lp off": dict(long_stages=0, long_batch=32),  # v27: _long_runs_kernel's sums unpipelined, as before (LONG_FOLD)  # v27: one atomic per token in the lone tokens' count, as before
+}
+
+
+def tp_inputs(n: int, tp: int):
+    """(local ids, in-shard mask, shard rows) of rank RANK for Zipf(1.1) ids over the whole vocabulary."""
+    ids = zipf_ids(n, REAL_V, seed=n)
+    shard = REAL_V // tp
+    lo = RANK * shard
+    inside = (ids >= lo) & (ids < lo + shard)
+    return np.where(inside, ids - lo, 0), inside, shard
+
+
+def points():
+    spec = os.environ.get("PROBE_POINTS", "4096:8,8192:8,8192:2,16384:8,32768:8")
+    return [(int(p.split(":")[0]), int(p.split(":")[1])) for p in spec.split(",")]
+
+
+def run_torch(names):
+    import torch
+    from bench_torch import config_overrides, copy_bandwidth, dense, dense_expected, graph_ms, same_bits
+
+    import torch_frontend
+
+    bw = copy_bandwidth()
+    pts = points()
+    results = {}
+    for n, tp in pts:
+        local, inside, shard = tp_inputs(n, tp)
+        torch.manual_seed(n)
+        grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
+        grad[torch.from_numpy(~inside).cuda()] = 0  # Megatron zeroes the other ranks' tokens
+        main_grad = torch.randn(shard, REAL_H, device="cuda")
+        ids = torch.from_numpy(local).cuda()
+        expected = dense_expected(ids, grad, main_grad)
+        top = np.bincount(local).max()
+        print(f"n={n} TP={tp}: {inside.sum()} tokens in the shard, {np.unique(local).size} rows, longest run {top}", flush=True)
+        results[(n, tp, "floor")] = (floor_bytes(local, REAL_H) / bw, True)
+        mg = main_grad.clone()
+        results[(n, tp, "dense")] = (graph_ms(lambda: dense(ids, grad, mg)), True)
+        for name in names:
+            with config_overrides(**VARIANTS[name]):
+                out = main_grad.clone()
+                torch_frontend.accumulate(ids, grad, out)
+                ok = same_bits(out, expected)
+                results[(n, tp, name)] = (graph_ms(lambda: torch_frontend.accumulate(ids, grad, out)) * 1e3, ok)
+            print(f"  {name}: {results[(n, tp, name)][0]:.1f} us{'' if ok else ' DIFFERENT'}", flush=True)
+        results[(n, tp, "floor")] = (results[(n, tp, "floor")][0] * 1e3, True)
+        results[(n, tp, "dense")] = (results[(n, tp, "dense")][0] * 1e3, True)
+    print(f"\ncopy {bw / 1e9:.2f} TB/s; torch CUDA graph, us; rank {RANK} of TP, Zipf(1.1) ids over V = {REAL_V}")
+    print_variant_table("variant", [(n, f"TP{tp}") for n, tp in pts], ["floor", "dense", *names],
+                        {(n, f"TP{tp}", k): v for (n, tp, k), v in results.items()}, "DIFFERENT")
+
+
+def run_stages():
+    """Each stage alone in its own CUDA graph (no PDL between them), the long runs folded by the
+    long-run kernel (fold_programs 0): plan, partials (without folds), folds; then the whole call."""
+    import torch
+    from bench_torch import config_overrides, graph_ms
+
+    import torch_frontend
+    from torch_frontend import embedding_wgrad as ew
+
+    for n, tp in points():
+        local, inside, shard = tp_inputs(n, tp)
+        torch.manual_seed(n)
+        grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
+        grad[torch.from_numpy(~inside).cuda()] = 0
+        main_grad = torch.randn(shard, REAL_H, device="cuda")
+        ids = torch.from_numpy(local).cuda()
+        for fields in ({"fold_programs": 0}, {"fold_programs": 0, "long_block_h": 32, "long_batch": 128}):
+            with config_overrides(**fields):
+                problem = ew._check(ids, grad, main_grad, None)
+                cfg = ew._config(problem, ew.torch_path(n), False, *ew._device_traits(0))
+                cfg = __import__("dataclasses").replace(cfg, pdl=False)
+                plan = ew._plan_stage(ids, problem, cfg)
+                partials = ew._partials_stage(plan, grad, main_grad, problem, cfg, ids=ids)
+                ew._long_runs_stage(plan, partials, main_grad, problem, cfg)
+                t_plan = graph_ms(lambda: ew._plan_stage(ids, problem, cfg))
+                plan = ew._plan_stage(ids, problem, cfg)
+                t_part = graph_ms(lambda: ew._partials_stage(plan, grad, main_grad, problem, cfg, ids=ids))
+                t_fold = graph_ms(lambda: ew._long_runs_stage(plan, partials, main_grad, problem, cfg))
+                t_call = graph_ms(lambda: torch_frontend.accumulate(ids, grad, main_grad))
+            print(f"n={n} TP={tp} {fields}: plan {t_plan * 1e3:.1f} us, partials {t_part * 1e3:.1f}, folds {t_fold * 1e3:.1f}, "
+                  f"whole call {t_call * 1e3:.1f}", flush=True)
+
+
+def run_jax():
+    import jax.numpy as jnp
+    from bench_jax import chain_ms
+
+    import jax_frontend
+    from embwgrad_core import reference
+
+    pts = points()
+    for n, tp in pts:
+        local, inside, shard = tp_inputs(n, tp)
+        rng = np.random.default_rng(n)
+        grad_np = (rng.standard_normal((n, REAL_H), dtype=np.float32) * inside[:, None]).astype(jnp.bfloat16)
+        ids, grad = jnp.asarray(local.astype(np.int32)), jnp.asarray(grad_np)
+        touched = np.unique(local)
+        mg0 = rng.standard_normal((shard, REAL_H), dtype=np.float32)
+        want = reference.accumulate(local, grad_np, mg0)[touched]
+        got = np.asarray(jax_frontend.accumulate(ids, grad, jnp.asarray(mg0)))[touched]
+        ok = np.array_equal(got.view(np.int32), want.view(np.int32))
+        ms, _ = chain_ms(lambda mg: jax_frontend.accumulate(ids, grad, mg), jnp.asarray(mg0))
+        print(f"JAX n={n} TP={tp}: {ms * 1e3:.1f} us {'exact' if ok else 'DIFFERENT'}", flush=True)
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if "--jax" in sys.argv:
+        run_jax()
+    elif "--stages" in sys.argv:
+        run_stages()
+    else:
+        run_torch(args[0].split(",") if args else list(VARIANTS))
