@@ -139,20 +139,23 @@ LONE_TOKENS = ((4096, 0), (MERGE_SORT_MAX_TOKENS, 2048))
 LONE_PER_PROGRAM = 2
 
 #: Merge sort with lone tokens: the counting programs add one atomic per group of equal keys
-#: (_count_ids), not one per token. Atomics on one address are serialised, so an id of many
-#: tokens cost the plan 1-2 ns a token: Megatron's vocab-parallel lookup on a rank of TP = 8 sends
-#: about 7/8 of the tokens to row 0 (benchmarks/probe_tp.py). H200, graph replay (NOTES v27),
-#: per token / per group: 8192 TP8 112.3 / 108.6 us, 16384 TP8 214.8 / 203.6, 32768 TP8 430.2 /
-#: 408.2, 16384 Zipf 178.9 / 176.4, 32768 Zipf 335.2 / 329.9; 8192 Zipf 90.4 both. (Measuring
-#: the two-atomic form.)
+#: (_count_ids: the group's last token adds b + 1, its first -a), not one per token. Atomics on
+#: one address are serialised, so an id of many tokens cost the plan 1-2 ns a token; Megatron's
+#: vocab-parallel lookup on a rank of TP = 8 sends about 7/8 of the tokens to row 0
+#: (benchmarks/probe_tp.py). H200, graph replay, one process (NOTES v27), per token / per group:
+#: 8192 TP8 111.8 / 107.9 us, 16384 TP8 179.4 / 170.1, 32768 TP8 355.7 / 334.8, 16384 Zipf 178.8 /
+#: 175.7, 32768 Zipf 330.6 / 325.3; 4096 and 8192 uniform, 8192 Zipf and 32768 uniform within
+#: 0.2. (A first form, one atomic per group by its last token after a max-scan for its first,
+#: cost 8192 uniform 1.2 us: the counting programs delay the partials kernel's launch.)
 COUNT_AGGREGATE = True
 
-#: Sort path: _long_runs_kernel's sums pipelined (_fold_piped): (stages, partials per stage).
-#: A long run's fold is one chain of adds in partial order, so it waits on its loads; pipelined, a
-#: fold keeps more partials in flight. H200, graph replay (NOTES v27), long_batch 32 unpipelined /
-#: (4, 8): 16384 TP8 203.6 / 174.1 us, 32768 TP8 408.2 / 341.8, 16384 Zipf 178.7 / 179.5, 32768 Zipf
-#: 335.9 / 331.9. (Measuring.) The partials kernel's own folders (n <= FOLD_ROLE_MAX_TOKENS) are
-#: not pipelined: their shared memory is every program's, and the call lost 2-5 us at 8192 Zipf.
+#: Sort path: _long_runs_kernel's sums pipelined through shared memory (_fold_piped): (stages,
+#: partials per stage). A long run's fold is one chain of adds in partial order; _fold waits for
+#: each batch of loads before it asks for the next. H200, graph replay, one process (NOTES v27),
+#: _fold with 32 a batch / (4, 8): 16384 TP8 202.2 / 170.1 us, 32768 TP8 405.0 / 334.8, 32768 Zipf
+#: 328.5 / 325.3; 16384 Zipf and every uniform point within 0.2. (4, 16) lost 9 us at 16384 Zipf.
+#: The partials kernel's own folders (n <= FOLD_ROLE_MAX_TOKENS) stay unpipelined: their shared
+#: memory would be every program's, and the call lost 2.5-5.6 us at 8192 Zipf (fold_stages).
 LONG_FOLD = (4, 8)
 
 #: A long run's partials past its last full batch are folded FOLD_TAIL at a time (_fold).
