@@ -36,8 +36,17 @@ VARIANTS = {
     "lp s8 b4": dict(long_stages=8, long_batch=4),
     "lp s4 b16": dict(long_stages=4, long_batch=16),
     "fp s4 b4 lp s4 b8": dict(fold_stages=4, fold_batch=4, long_stages=4, long_batch=8),
-    "count plain": dict(count_aggregate=False),
-    "lp off": dict(long_stages=0, long_batch=32),  # v27: _long_runs_kernel's sums unpipelined, as before (LONG_FOLD)  # v27: one atomic per token in the lone tokens' count, as before
+    "count plain": dict(count_aggregate=False),  # v27: one atomic per token in the lone tokens' count, as before
+    "lp off": dict(long_stages=0, long_batch=32),  # v27: _long_runs_kernel's sums unpipelined, as before (LONG_FOLD)
+    # v27, for probe_tp.py's inputs: fold items and partials grids
+    "fold_h 128": dict(fold_h=128),
+    "fold_h 64": dict(fold_h=64),
+    "fold batch 32": dict(fold_batch=32),
+    "pp 12 t0": dict(partial_programs=12 * SMS, tail_programs=0),
+    "pp 24 t0": dict(partial_programs=24 * SMS, tail_programs=0),
+    "pp 48 t0": dict(partial_programs=48 * SMS, tail_programs=0),
+    "pp 24 t0 f64": dict(partial_programs=24 * SMS, tail_programs=0, fold_h=64, fold_batch=64),
+    "pp 12 t0 f64": dict(partial_programs=12 * SMS, tail_programs=0, fold_h=64, fold_batch=64),
     # v8: long runs folded by the partials kernel's first programs up to FOLD_ROLE_MAX_TOKENS;
     # "fold kernel" folds them in the long-run kernel, started early, at every size.
     "fold kernel": dict(fold_programs=0),

@@ -7,12 +7,13 @@ other tokens' output rows, so the grad rows of those tokens are zero and, with T
 Megatron user with TP > 1 hands `accumulate`, against the dense path on the shard's main_grad
 [V / TP, H] and the floor, each call first checked bit for bit against the deterministic dense path.
 
-    python benchmarks/probe_tp.py                    (torch; default points)
-    python benchmarks/probe_tp.py "default,fold_h 64"  (those variants)
+    python benchmarks/probe_tp.py                    (torch; default points, DEFAULT_VARIANTS)
+    python benchmarks/probe_tp.py "default,fold_h 64"  (those variants of probe_calls.VARIANTS)
     PROBE_POINTS=8192:8,8192:2 python benchmarks/probe_tp.py   (n:TP)
     python benchmarks/probe_tp.py --jax              (the JAX frontend, chains of donated calls)
 """
 
+import dataclasses
 import os
 import sys
 
@@ -24,41 +25,10 @@ from common import floor_bytes, print_variant_table  # noqa: E402
 
 from tests.cases import REAL_H, REAL_V, zipf_ids  # noqa: E402
 
-SMS = 132  # H200
 RANK = 1  # not rank 0: the frequent ids are spread over V (tests.cases.zipf_ids), so every rank looks alike
 
-VARIANTS = {
-    "default": {},
-    "fold_h 128": dict(fold_h=128),
-    "fold_h 64": dict(fold_h=64),
-    "fold batch 32": dict(fold_batch=32),
-    "fold kernel": dict(fold_programs=0),
-    "no evict last": dict(scratch_evict_last=False),
-    "tail 0": dict(tail_programs=0),
-    "pp 128": dict(partial_programs=128 * SMS),
-    # v27: a long run's fold is a chain of loads in batches: narrower columns, more partials in flight
-    "fold 64x64": dict(fold_h=64, fold_batch=64),
-    "fold 32x64": dict(fold_h=32, fold_batch=64),
-    "fold 32x128": dict(fold_h=32, fold_batch=128),
-    "long 32x128": dict(long_block_h=32, long_batch=128),
-    "long 64x64": dict(long_block_h=64, long_batch=64),
-    "pp 12 t0": dict(partial_programs=12 * SMS, tail_programs=0),
-    "pp 24 t0": dict(partial_programs=24 * SMS, tail_programs=0),
-    "pp 48 t0": dict(partial_programs=48 * SMS, tail_programs=0),
-    "pp 24 t0 f64": dict(partial_programs=24 * SMS, tail_programs=0, fold_h=64, fold_batch=64),
-    "pp 12 t0 f64": dict(partial_programs=12 * SMS, tail_programs=0, fold_h=64, fold_batch=64),
-    # v27: the folds' sums pipelined through shared memory (_fold_piped): stages, partials per stage
-    "fp s4 b4": dict(fold_stages=4, fold_batch=4),
-    "fp s8 b2": dict(fold_stages=8, fold_batch=2),
-    "fp s3 b8": dict(fold_stages=3, fold_batch=8),
-    "fp s4 b8 h128": dict(fold_stages=4, fold_batch=8, fold_h=128),
-    "lp s4 b8": dict(long_stages=4, long_batch=8),
-    "lp s8 b4": dict(long_stages=8, long_batch=4),
-    "lp s4 b16": dict(long_stages=4, long_batch=16),
-    "fp s4 b4 lp s4 b8": dict(fold_stages=4, fold_batch=4, long_stages=4, long_batch=8),
-    "count plain": dict(count_aggregate=False),
-    "lp off": dict(long_stages=0, long_batch=32),  # v27: _long_runs_kernel's sums unpipelined, as before (LONG_FOLD)  # v27: one atomic per token in the lone tokens' count, as before
-}
+#: The variants run when none are named (any of probe_calls.VARIANTS may be).
+DEFAULT_VARIANTS = ("default", "count plain", "lp off")
 
 
 def tp_inputs(n: int, tp: int):
@@ -78,6 +48,7 @@ def points():
 def run_torch(names):
     import torch
     from bench_torch import config_overrides, copy_bandwidth, dense, dense_expected, graph_ms, same_bits
+    from probe_calls import VARIANTS
 
     import torch_frontend
 
@@ -131,7 +102,7 @@ def run_stages():
             with config_overrides(**fields):
                 problem = ew._check(ids, grad, main_grad, None)
                 cfg = ew._config(problem, ew.torch_path(n), False, *ew._device_traits(0))
-                cfg = __import__("dataclasses").replace(cfg, pdl=False)
+                cfg = dataclasses.replace(cfg, pdl=False)
                 plan = ew._plan_stage(ids, problem, cfg)
                 partials = ew._partials_stage(plan, grad, main_grad, problem, cfg, ids=ids)
                 ew._long_runs_stage(plan, partials, main_grad, problem, cfg)
@@ -173,4 +144,4 @@ if __name__ == "__main__":
     elif "--stages" in sys.argv:
         run_stages()
     else:
-        run_torch(args[0].split(",") if args else list(VARIANTS))
+        run_torch(args[0].split(",") if args else list(DEFAULT_VARIANTS))

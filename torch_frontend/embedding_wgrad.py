@@ -1009,15 +1009,19 @@ def _fold_step(acc, part, FEATURE_PATH: tl.constexpr, GRAD_ROUNDING: tl.constexp
 
 @triton.jit
 def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH: tl.constexpr, SPAN: tl.constexpr,
-          GRAD_ROUNDING: tl.constexpr, BATCH: tl.constexpr, CACHE: tl.constexpr):
+          GRAD_ROUNDING: tl.constexpr, BATCH: tl.constexpr, CACHE: tl.constexpr, STAGES: tl.constexpr):
     """A long run's partials over these columns, folded in order and rounded to grad's dtype (as fp32).
 
     BATCH partials' loads are in flight at once, then FOLD_TAIL at a time for the rest; the adds
     stay one at a time, in order. Past the run's last partial the last one is loaded again
     (always an address, no predicate, so all of a step's loads issue before its first add) and
     dropped. Feature path: each partial and each step is rounded, as PyTorch's per-chunk sums
-    are; sort path: the sum is rounded once.
+    are; sort path: the sum is rounded once. STAGES > 0 (sort path only): the same sum as
+    _fold_piped's loop, BATCH partials a stage.
     """
+    if STAGES > 0:
+        tl.static_assert(not FEATURE_PATH, "_fold_piped sums the sort path's partials")
+        return _fold_piped(partials_ptr, run_start, num_partials, hidden, cols, live_h, SPAN, GRAD_ROUNDING, BATCH, STAGES, CACHE)
     acc = tl.zeros(cols.shape, dtype=tl.float32)
     full = num_partials // BATCH * BATCH
     for k0 in range(0, full, BATCH):
@@ -1087,11 +1091,8 @@ def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride,
         num_partials = tl.load(_listed(ws_ptr, n, e) + 1)
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         _wait_for(arrivals + run_start, num_partials * num_hb)
-        if FOLD_STAGES > 0:
-            acc = _fold_piped(partials_ptr, run_start, num_partials, hidden, cols, live_h, SPAN, GRAD_ROUNDING, FOLD_BATCH, FOLD_STAGES,
-                              ".cg")
-        else:
-            acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, False, SPAN, GRAD_ROUNDING, FOLD_BATCH, ".cg")
+        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, False, SPAN, GRAD_ROUNDING, FOLD_BATCH, ".cg",
+                    FOLD_STAGES)
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
 
 
@@ -1112,7 +1113,7 @@ def _long_runs_kernel(
     BLOCK_H: tl.constexpr,
     BATCH: tl.constexpr,  # partials loaded per step
     PDL: tl.constexpr,  # launched with programmatic dependent launch
-    STAGES: tl.constexpr,  # sort path: > 0, the sums pipelined over this many stages, BATCH partials each (_fold_piped)
+    STAGES: tl.constexpr,  # sort path: > 0, the sums pipelined over this many stages, BATCH partials each (_fold_piped); feature path: 0
 ):
     """Fold each listed run's partials in order, round, add to main_grad; programs stride the list.
 
@@ -1136,12 +1137,7 @@ def _long_runs_kernel(
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         if early:  # this run's partials are in once its arrival counter is full
             _wait_for(arrivals + run_start, num_partials * partial_hb)
-        if FEATURE_PATH:
-            acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "")
-        elif STAGES > 0:
-            acc = _fold_piped(partials_ptr, run_start, num_partials, hidden, cols, live_h, SPAN, GRAD_ROUNDING, BATCH, STAGES, "")
-        else:
-            acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "")
+        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "", STAGES)
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
     if early:
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
