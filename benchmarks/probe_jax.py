@@ -66,6 +66,17 @@ VARIANTS = {
     "tail 0": (("tail_programs", 0),),
     "tail 12/SM": (("tail_programs", 12 * ew._gpu_sms()),),
     "tail 48/SM": (("tail_programs", 48 * ew._gpu_sms()),),
+    # v28: the folds load the next batch while they add this one (_fold's ahead), at register
+    # footprints near the defaults' (long: 128 columns x 32 partials a warp; folders: 256 x 16 on two warps).
+    "long ahead 16": (("long_ahead", True), ("long_batch", 16)),
+    "long ahead 32 w64": (("long_ahead", True), ("long_batch", 32), ("long_block_h", 64)),
+    "long ahead 64 w32": (("long_ahead", True), ("long_batch", 64), ("long_block_h", 32)),
+    "fold ahead 8": (("fold_ahead", True), ("fold_batch", 8)),
+    "fold ahead 16 h128": (("fold_ahead", True), ("fold_batch", 16), ("fold_h", 128)),
+    "fold ahead 32 h64": (("fold_ahead", True), ("fold_batch", 32), ("fold_h", 64)),
+    "fold 64x64": (("fold_batch", 64), ("fold_h", 64)),
+    "ahead": (("long_ahead", True), ("long_batch", 16), ("fold_ahead", True), ("fold_batch", 16), ("fold_h", 128)),
+    "default again": (),
 }
 
 

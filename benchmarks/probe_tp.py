@@ -10,7 +10,7 @@ Megatron user with TP > 1 hands `accumulate`, against the dense path on the shar
     python benchmarks/probe_tp.py                    (torch; default points, DEFAULT_VARIANTS)
     python benchmarks/probe_tp.py "default,fold_h 64"  (those variants of probe_calls.VARIANTS)
     PROBE_POINTS=8192:8,8192:2 python benchmarks/probe_tp.py   (n:TP)
-    python benchmarks/probe_tp.py --jax              (the JAX frontend, chains of donated calls)
+    python benchmarks/probe_tp.py --jax [variants]   (the JAX frontend, chains of donated calls; probe_jax.VARIANTS)
 """
 
 import dataclasses
@@ -115,14 +115,16 @@ def run_stages():
                   f"whole call {t_call * 1e3:.1f}", flush=True)
 
 
-def run_jax():
+def run_jax(names):
     import jax.numpy as jnp
     from bench_jax import chain_ms
+    from probe_jax import VARIANTS
 
-    import jax_frontend
     from embwgrad_core import reference
+    from jax_frontend import embedding_wgrad as ew
 
     pts = points()
+    results = {}
     for n, tp in pts:
         local, inside, shard = tp_inputs(n, tp)
         rng = np.random.default_rng(n)
@@ -131,16 +133,20 @@ def run_jax():
         touched = np.unique(local)
         mg0 = rng.standard_normal((shard, REAL_H), dtype=np.float32)
         want = reference.accumulate(local, grad_np, mg0)[touched]
-        got = np.asarray(jax_frontend.accumulate(ids, grad, jnp.asarray(mg0)))[touched]
-        ok = np.array_equal(got.view(np.int32), want.view(np.int32))
-        ms, _ = chain_ms(lambda mg: jax_frontend.accumulate(ids, grad, mg), jnp.asarray(mg0))
-        print(f"JAX n={n} TP={tp}: {ms * 1e3:.1f} us {'exact' if ok else 'DIFFERENT'}", flush=True)
+        for name in names:
+            o = VARIANTS[name]
+            got = np.asarray(ew._accumulate(ids, grad, jnp.asarray(mg0), overrides=o))[touched]
+            ok = np.array_equal(got.view(np.int32), want.view(np.int32))
+            ms, _ = chain_ms(lambda mg, o=o: ew._accumulate(ids, grad, mg, overrides=o), jnp.asarray(mg0))
+            results[(n, f"TP{tp}", name)] = (ms * 1e3, ok)
+            print(f"JAX n={n} TP={tp} {name}: {ms * 1e3:.1f} us {'exact' if ok else 'DIFFERENT'}", flush=True)
+    print_variant_table("JAX variant (us)", [(n, f"TP{tp}") for n, tp in pts], names, results, "DIFFERENT")
 
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     if "--jax" in sys.argv:
-        run_jax()
+        run_jax(args[0].split(",") if args else ["default"])
     elif "--stages" in sys.argv:
         run_stages()
     else:

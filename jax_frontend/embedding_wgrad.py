@@ -517,6 +517,7 @@ def _partials_kernel(
     fold_lo: int,  # the first of them (0 on a GPU, the last programs in interpret mode)
     fold_h: int,  # columns of one of their items
     fold_batch: int,  # partials they load at once
+    fold_ahead: bool,  # they load the next batch while they add this one (_fold)
     tail: int,  # sort path: the last programs but the folders, which take the last items, one each (as the torch twin)
     interpret: bool,  # Pallas interpret mode: programs run in order, one at a time (no barrier, no waiting)
 ):
@@ -667,7 +668,8 @@ def _partials_kernel(
             chunks = pl.cdiv(hidden, fold_h)
             fold = functools.partial(_fold_item, long_runs_ref, sorted_keys_ref, partials_ref, main_grad_ref, arrivals_ref, hidden=hidden,
                                      chunks=chunks, partial_hb=num_hb, grad_dtype=grad_dtype, main_grad_dtype=main_grad_dtype,
-                                     fold_h=fold_h, batch=fold_batch, fid=p - fold_lo, folders=folders, wait=not interpret)
+                                     fold_h=fold_h, batch=fold_batch, ahead=fold_ahead, fid=p - fold_lo, folders=folders,
+                                     wait=not interpret)
             lax.fori_loop(0, (counts_ref[_LISTED] * chunks - (p - fold_lo) + folders - 1) // folders, fold, None)
 
         programs -= folders
@@ -716,43 +718,61 @@ def _item_range(q, folder, items, programs, tail: int):
     return lo, hi, stride
 
 
-def _fold(partials_ref, run_start, num_partials, h0, width: int, live_h, *, path: str, grad_dtype: str, batch: int):
+def _fold(partials_ref, run_start, num_partials, h0, width: int, live_h, *, path: str, grad_dtype: str, batch: int,
+          ahead: bool = False):
     """A long run's partials over columns [h0, h0 + width), folded in order and rounded to grad's dtype (as fp32).
 
     batch partials' loads are in flight at once, then FOLD_TAIL at a time for the rest; the adds
     stay one at a time, in order. Past the run's last partial the last one is loaded again (an
     address, no predicate, so every load of a step issues before its first add) and dropped.
     Feature path: each partial and each step is rounded, as PyTorch's per-chunk sums are; sort
-    path: the sum is rounded once.
+    path: the sum is rounded once. ahead: the next batch's loads are issued before this batch's
+    adds (carried through the loop in registers, twice a batch's), so a long fold keeps loads in
+    flight while it adds instead of a round trip per batch; the last batch may drop up to
+    batch - 1 steps. The same sum either way.
     """
     feature = path == FEATURE
 
-    def add(k0, size, acc):  # partials [k0, k0 + size), those past the run's last dropped
+    def load(k0, size):  # partials [k0, k0 + size), those past the run's last as its last
         parts = []
         for u in range(size):
-            take = k0 + u < num_partials
             k = jnp.minimum(k0 + u, num_partials - 1)
             row = partial_row(run_start, k, path).astype(jnp.int32)
-            parts.append((take, _from_scratch(plgpu.load(partials_ref.at[row, pl.ds(h0, width)], mask=live_h, other=0))))
-        for take, part in parts:
+            parts.append(_from_scratch(plgpu.load(partials_ref.at[row, pl.ds(h0, width)], mask=live_h, other=0)))
+        return tuple(parts)
+
+    def add(k0, parts, acc):  # those past the run's last dropped
+        for u, part in enumerate(parts):
+            take = k0 + u < num_partials
             if feature:
                 acc = jnp.where(take, _round(acc + _round(part, grad_dtype), grad_dtype), acc)
             else:
                 acc = jnp.where(take, acc + part, acc)
         return acc
 
+    zero = jnp.zeros((width,), jnp.float32)
+    if ahead:
+        def step(b, carry):
+            acc, parts = carry
+            following = load((b + 1) * batch, batch)  # in flight while this batch is added
+            return add(b * batch, parts, acc), following
+
+        acc, _ = lax.fori_loop(0, (num_partials + batch - 1) // batch, step, (zero, load(0, batch)))
+        return acc if feature else _round(acc, grad_dtype)
     # Whole batches, then the rest FOLD_TAIL at a time, so a run drops at most FOLD_TAIL - 1
     # steps, not batch - 1 (as the torch twin; NOTES v17 item 8).
     tail = min(FOLD_TAIL, batch)
     full = num_partials // batch
-    acc = lax.fori_loop(0, full, lambda b, acc: add(b * batch, batch, acc), jnp.zeros((width,), jnp.float32))
+    acc = lax.fori_loop(0, full, lambda b, acc: add(b * batch, load(b * batch, batch), acc), zero)
     if batch > 1:  # (batch 1, as in interpret mode, leaves no rest: no second loop to compile)
-        acc = lax.fori_loop(0, (num_partials - full * batch + tail - 1) // tail, lambda b, acc: add(full * batch + b * tail, tail, acc), acc)
+        acc = lax.fori_loop(0, (num_partials - full * batch + tail - 1) // tail,
+                            lambda b, acc: add(full * batch + b * tail, load(full * batch + b * tail, tail), acc), acc)
     return acc if feature else _round(acc, grad_dtype)
 
 
 def _fold_item(long_runs_ref, sorted_keys_ref, partials_ref, main_grad_ref, arrivals_ref, t, carry, *, hidden: int, chunks: int,
-               partial_hb: int, grad_dtype: str, main_grad_dtype: str, fold_h: int, batch: int, fid, folders: int, wait: bool):
+               partial_hb: int, grad_dtype: str, main_grad_dtype: str, fold_h: int, batch: int, ahead: bool, fid, folders: int,
+               wait: bool):
     """Sort path, a folding program of _partials_kernel: its t-th (long run, fold_h columns) item.
 
     It waits until the run's arrival counter holds all its partials (num_partials *
@@ -772,7 +792,7 @@ def _fold_item(long_runs_ref, sorted_keys_ref, partials_ref, main_grad_ref, arri
 
     if wait:
         lax.while_loop(lambda count: count < num_partials * partial_hb, arrived, arrived(None))
-    acc = _fold(partials_ref, run_start, num_partials, h0, fold_h, live_h, path=SORT, grad_dtype=grad_dtype, batch=batch)
+    acc = _fold(partials_ref, run_start, num_partials, h0, fold_h, live_h, path=SORT, grad_dtype=grad_dtype, batch=batch, ahead=ahead)
     _add_to_row(main_grad_ref, sorted_keys_ref[run_start], h0, live_h, acc, main_grad_dtype)
     return carry
 
@@ -793,6 +813,7 @@ def _long_runs_kernel(
     main_grad_dtype: str,
     block_h: int,
     batch: int,  # partials loaded per step
+    ahead: bool,  # the next batch loaded while this one is added (_fold)
 ):
     """Fold each listed run's partials in order, round, add to main_grad; programs stride the list."""
     del main_grad_in_ref
@@ -803,7 +824,8 @@ def _long_runs_kernel(
     def fold_run(t, carry):  # long runs program, program + programs, ...
         entry = program + t * programs
         run_start = long_runs_ref[entry, 0]
-        acc = _fold(partials_ref, run_start, long_runs_ref[entry, 1], h0, block_h, live_h, path=path, grad_dtype=grad_dtype, batch=batch)
+        acc = _fold(partials_ref, run_start, long_runs_ref[entry, 1], h0, block_h, live_h, path=path, grad_dtype=grad_dtype, batch=batch,
+                    ahead=ahead)
         _add_to_row(main_grad_ref, sorted_keys_ref[run_start], h0, live_h, acc, main_grad_dtype)
         return carry
 
@@ -837,12 +859,14 @@ class _Config:
     fold_programs: int  # sort path: _partials_kernel programs that fold the long runs (0, and on the feature path: _long_runs_kernel does)
     fold_h: int  # columns of one of their items
     fold_batch: int  # partials they load at once
+    fold_ahead: bool  # they load the next batch while they add this one (_fold)
     # The short static loops of _merge_rank_kernel and _partials_kernel unrolled, as the torch
     # twin's (GPU), else loops: XLA:CPU compiles them several times faster in interpret mode.
     unroll: bool
     long_block_h: int  # _long_runs_kernel columns per program
     long_programs: int  # _long_runs_kernel programs along the run list
     long_batch: int  # partials _long_runs_kernel loads at once
+    long_ahead: bool  # it loads the next batch while it adds this one (_fold)
     long_warps: int  # _long_runs_kernel's num_warps
     max_long_runs: int  # rows of the long-run list
     num_warps: int  # every kernel's but _partials_kernel's and _rank_kernel's
@@ -917,12 +941,17 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         partial_programs=partial_programs,
         prefetch=True,
         fold_programs=0 if feature or n > FOLD_ROLE_MAX_TOKENS else (2 if interpret else FOLD_PROGRAMS_PER_SM * _gpu_sms()),
-        fold_h=min(256, block_h),
+        # Folders and the long-run kernel load the next batch of partials while they add this one,
+        # the folders over 128 columns: Megatron's vocab-parallel ids (probe_tp.py) 12-17% faster,
+        # 16384-131072 Zipf 1.5-2.5%, 8192 Zipf about 1.5 us slower (NOTES v28 item 1).
+        fold_h=min(128, block_h),
         fold_batch=1 if interpret else 16,
+        fold_ahead=True,
         unroll=not interpret,
         long_block_h=long_block_h,
         long_programs=long_programs,
-        long_batch=1 if interpret else 32,
+        long_batch=1 if interpret else 16,
+        long_ahead=True,
         long_warps=1,
         max_long_runs=max_long_runs,
         num_warps=4,
@@ -1163,6 +1192,7 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
         fold_lo=programs - folders if cfg.interpret else 0,
         fold_h=min(cfg.fold_h, cfg.block_h),
         fold_batch=cfg.fold_batch,
+        fold_ahead=cfg.fold_ahead,
         tail=0 if feature else max(0, min(cfg.tail_programs, programs - folders - 1)),
         interpret=cfg.interpret,
     )(*inputs)
@@ -1184,6 +1214,7 @@ def _long_runs(long_runs, counts, sorted_keys, partials, main_grad, problem: Pro
         main_grad_dtype=problem.main_grad_dtype,
         block_h=cfg.long_block_h,
         batch=cfg.long_batch,
+        ahead=cfg.long_ahead,
     )(long_runs, counts, sorted_keys, partials, main_grad)
 
 
