@@ -77,6 +77,7 @@ VARIANTS = {
     "fold 64x64": (("fold_batch", 64), ("fold_h", 64)),
     "ahead": (("long_ahead", True), ("long_batch", 16), ("fold_ahead", True), ("fold_batch", 16), ("fold_h", 128)),
     "default again": (),
+    "long batched": (("long_ahead", False), ("long_batch", 32)),  # v28: the long-run kernel as before (feature path too)
 }
 
 

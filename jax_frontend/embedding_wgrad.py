@@ -941,17 +941,19 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         partial_programs=partial_programs,
         prefetch=True,
         fold_programs=0 if feature or n > FOLD_ROLE_MAX_TOKENS else (2 if interpret else FOLD_PROGRAMS_PER_SM * _gpu_sms()),
-        # Folders and the long-run kernel load the next batch of partials while they add this one,
-        # the folders over 128 columns: Megatron's vocab-parallel ids (probe_tp.py) 12-17% faster,
-        # 16384-131072 Zipf 1.5-2.5%, 8192 Zipf about 1.5 us slower (NOTES v28 item 1).
+        # Sort path: folders and the long-run kernel load the next batch of partials while they add
+        # this one, the folders over 128 columns: Megatron's vocab-parallel ids (probe_tp.py) 12-17%
+        # faster, 16384-131072 Zipf 1.5-2.5%, 8192 Zipf about 1.5 us slower (NOTES v28 item 1).
         fold_h=min(128, block_h),
         fold_batch=1 if interpret else 16,
         fold_ahead=True,
         unroll=not interpret,
         long_block_h=long_block_h,
         long_programs=long_programs,
-        long_batch=1 if interpret else 16,
-        long_ahead=True,
+        # The feature path's long-run kernel batch by batch, as before: ahead it measured 3.6-11
+        # us slower at 2048-3072 tokens (few chunks a run, each step rounded; NOTES v28 item 4).
+        long_batch=1 if interpret else 32 if feature else 16,
+        long_ahead=not feature,
         long_warps=1,
         max_long_runs=max_long_runs,
         num_warps=4,

@@ -172,10 +172,11 @@ STAGE_ROUTES = {
     # Long runs folded by _long_runs_kernel (as above FOLD_ROLE_MAX_TOKENS), and by 3 folding programs with more partials in flight.
     "sort-merge-fold-kernel": (SORT, (("sort", ew.MERGE), ("fold_programs", 0))),
     "sort-merge-fold-role": (SORT, (("sort", ew.MERGE), ("fold_programs", 3), ("fold_batch", 3), ("unroll", True))),
-    # The same folds batch by batch, each batch's loads waited for before the next are issued (not _fold's ahead).
+    # The other form of each fold: the sort path's batch by batch (each batch's loads waited for
+    # before the next are issued), the feature path's with the next batch loaded ahead (_fold's ahead).
     "sort-merge-fold-kernel-batched": (SORT, (("sort", ew.MERGE), ("fold_programs", 0), ("long_batch", 3), ("long_ahead", False))),
     "sort-merge-fold-role-batched": (SORT, (("sort", ew.MERGE), ("fold_programs", 3), ("fold_batch", 2), ("fold_ahead", False))),
-    "feature-rank-batched": (FEATURE, (("block_i", 64), ("block_j", 32), ("long_batch", 4), ("long_ahead", False))),
+    "feature-rank-ahead": (FEATURE, (("block_i", 64), ("block_j", 32), ("long_batch", 4), ("long_ahead", True))),
     "feature-rank": (FEATURE, (("block_i", 64), ("block_j", 32), ("unroll", True), ("long_batch", 3), ("bf16_scratch", True))),
     "feature-rank-wide-steps": (FEATURE, (("block_i", 32), ("block_j", 128))),
 }
