@@ -158,11 +158,6 @@ VARIANTS = {
     "bh512 r112": dict(block_h=512, partial_maxnreg=112),
     "bh512 r112 f6": dict(block_h=512, partial_maxnreg=112, fold_programs=6 * SMS),
     "bh512 r128": dict(block_h=512, partial_maxnreg=128),
-    # v28: the folders load the next batch while they add this one (_fold_ahead), as the JAX twin's default.
-    "fold ahead 16 h128": dict(fold_ahead=True, fold_batch=16, fold_h=128),
-    "fold ahead 8 h128": dict(fold_ahead=True, fold_batch=8, fold_h=128),
-    "fold ahead 16 h64": dict(fold_ahead=True, fold_batch=16, fold_h=64),
-    "fold ahead 32 h64": dict(fold_ahead=True, fold_batch=32, fold_h=64),
     "default again": {},  # a second measurement of the default in the same process
 }
 POINTS = probe_points(  # or PROBE_POINTS

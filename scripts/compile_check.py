@@ -71,8 +71,7 @@ def variants():
             ew._partials_kernel,
             types,
             {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT, "FOLD_H": 256, "FOLD_BATCH": 16,
-             "PREFETCH_L2": not feature, "LONE": not feature, "SCRATCH_POLICY": "" if feature else "evict_last", "FOLD_STAGES": 0,
-             "FOLD_AHEAD": False},
+             "PREFETCH_L2": not feature, "LONE": not feature, "SCRATCH_POLICY": "" if feature else "evict_last", "FOLD_STAGES": 0},
         )
         yield (
             f"long_runs feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]} scratch={scratch}",

@@ -46,7 +46,7 @@ def defaults() -> dict:
         "GRAD_ROUNDING": ROUNDING_CODE["bfloat16"], "MAIN_ROUNDING": ROUNDING_CODE["float32"], "BLOCK_H": 1024, "PREFETCH": True,
         "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT and ew.RECORD_L1_HINT, "FOLD_H": 256, "FOLD_BATCH": 16, "PREFETCH_L2": True,
         "LONE": True,  # n above 4096 (LONE_TOKENS)
-        "SCRATCH_POLICY": "evict_last" if ew.SCRATCH_EVICT_LAST else "", "FOLD_STAGES": 0, "FOLD_AHEAD": False,
+        "SCRATCH_POLICY": "evict_last" if ew.SCRATCH_EVICT_LAST else "", "FOLD_STAGES": 0,
     }
 
 

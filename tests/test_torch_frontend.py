@@ -101,8 +101,6 @@ STAGE_ROUTES = {
     "merge-fold-kernel-unpiped": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, fold_programs=0,
                                              long_stages=0, long_batch=32)),
     "merge-fold-piped": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, fold_stages=3, fold_batch=2)),
-    # ... and the folders' next batch loaded while they add this one (_fold_ahead).
-    "merge-fold-ahead": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, fold_ahead=True, fold_batch=3)),
     "merge-record-first": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, record_hint=False)),
     # Lone tokens (ids that occur once) below lone_tokens are added before the plan, the others from records.
     "merge-lone-64": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, lone_tokens=64, lone_per_program=3)),

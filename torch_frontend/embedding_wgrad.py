@@ -722,7 +722,6 @@ def _partials_kernel(
     SCRATCH_POLICY: tl.constexpr,  # L2 eviction policy of the long runs' partials' stores: "evict_last" or "" (none)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
     FOLD_STAGES: tl.constexpr,  # sort path: > 0, the folders' sums pipelined over this many stages, FOLD_BATCH partials each (_fold_piped)
-    FOLD_AHEAD: tl.constexpr,  # sort path: the folders load the next FOLD_BATCH partials while they add these (_fold_ahead)
 ):
     """Sum every partial over every H block: items (partial, H block), H block fastest.
 
@@ -773,7 +772,7 @@ def _partials_kernel(
         folder = (pid >= fold_lo) & (pid < fold_lo + fold_programs)
         if folder:
             _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, pid - fold_lo,
-                       fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH, FOLD_STAGES, FOLD_AHEAD)
+                       fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH, FOLD_STAGES)
         wid = pid - tl.where(pid >= fold_lo + fold_programs, fold_programs, 0)  # this program among the others
         # The last tail_programs programs (they start last) take the last items, one each, so that
         # the kernel ends one item after the steady state rather than a few (NOTES v10); the
@@ -1010,7 +1009,7 @@ def _fold_step(acc, part, FEATURE_PATH: tl.constexpr, GRAD_ROUNDING: tl.constexp
 
 @triton.jit
 def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH: tl.constexpr, SPAN: tl.constexpr,
-          GRAD_ROUNDING: tl.constexpr, BATCH: tl.constexpr, CACHE: tl.constexpr, STAGES: tl.constexpr, AHEAD: tl.constexpr = False):
+          GRAD_ROUNDING: tl.constexpr, BATCH: tl.constexpr, CACHE: tl.constexpr, STAGES: tl.constexpr):
     """A long run's partials over these columns, folded in order and rounded to grad's dtype (as fp32).
 
     BATCH partials' loads are in flight at once, then FOLD_TAIL at a time for the rest; the adds
@@ -1018,14 +1017,11 @@ def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_P
     (always an address, no predicate, so all of a step's loads issue before its first add) and
     dropped. Feature path: each partial and each step is rounded, as PyTorch's per-chunk sums
     are; sort path: the sum is rounded once. STAGES > 0 (sort path only): the same sum as
-    _fold_piped's loop, BATCH partials a stage; AHEAD (sort path only): as _fold_ahead's.
+    _fold_piped's loop, BATCH partials a stage.
     """
     if STAGES > 0:
         tl.static_assert(not FEATURE_PATH, "_fold_piped sums the sort path's partials")
         return _fold_piped(partials_ptr, run_start, num_partials, hidden, cols, live_h, SPAN, GRAD_ROUNDING, BATCH, STAGES, CACHE)
-    if AHEAD:
-        tl.static_assert(not FEATURE_PATH, "_fold_ahead sums the sort path's partials")
-        return _fold_ahead(partials_ptr, run_start, num_partials, hidden, cols, live_h, SPAN, GRAD_ROUNDING, BATCH, CACHE)
     acc = tl.zeros(cols.shape, dtype=tl.float32)
     full = num_partials // BATCH * BATCH
     for k0 in range(0, full, BATCH):
@@ -1069,42 +1065,10 @@ def _fold_piped(partials_ptr, run_start, num_partials, hidden, cols, live_h, SPA
     return _round(acc, GRAD_ROUNDING)
 
 
-@triton.jit
-def _partial_batch(partials_ptr, run_start, k0, num_partials, hidden, cols, live_h, SPAN: tl.constexpr, BATCH: tl.constexpr,
-                   CACHE: tl.constexpr):
-    """Sort path: partials k0 .. k0 + BATCH - 1 of a run over these columns, as a tuple; those past
-    the run's last load its last again (an address, no predicate: the caller drops them)."""
-    parts = ()
-    for u in tl.static_range(BATCH):
-        k = tl.minimum(k0 + u, num_partials - 1)
-        row = _partial_row(run_start, k, False, SPAN)
-        parts = parts + (_from_scratch(tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0,
-                                               cache_modifier=CACHE)),)
-    return parts
-
-
-@triton.jit
-def _fold_ahead(partials_ptr, run_start, num_partials, hidden, cols, live_h, SPAN: tl.constexpr, GRAD_ROUNDING: tl.constexpr,
-                BATCH: tl.constexpr, CACHE: tl.constexpr):
-    """Sort path: _fold's sum with the next BATCH partials' loads issued before this batch's adds
-    (the loop carries them, twice a batch's registers), so a long fold has loads in flight while
-    it adds instead of a round trip per batch (as the JAX twin's _fold ahead, NOTES v28). The
-    last batch's steps past the run's last partial are dropped.
-    """
-    parts = _partial_batch(partials_ptr, run_start, 0, num_partials, hidden, cols, live_h, SPAN, BATCH, CACHE)
-    acc = tl.zeros(cols.shape, dtype=tl.float32)
-    for k0 in range(0, num_partials, BATCH):
-        following = _partial_batch(partials_ptr, run_start, k0 + BATCH, num_partials, hidden, cols, live_h, SPAN, BATCH, CACHE)
-        for u in tl.static_range(BATCH):
-            acc = tl.where(k0 + u < num_partials, acc + parts[u], acc)
-        parts = following
-    return _round(acc, GRAD_ROUNDING)
-
-
 @triton.jit(noinline=True)
 def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, fid, folders,
                SPAN: tl.constexpr, GRAD_ROUNDING: tl.constexpr, MAIN_ROUNDING: tl.constexpr, FOLD_H: tl.constexpr,
-               FOLD_BATCH: tl.constexpr, FOLD_STAGES: tl.constexpr, FOLD_AHEAD: tl.constexpr):
+               FOLD_BATCH: tl.constexpr, FOLD_STAGES: tl.constexpr):
     """Sort path, inside _partials_kernel: fold the listed long runs, (run, FOLD_H columns) items strided by `folders` programs.
 
     Each item waits until all the run's partials have arrived (num_partials * num_hb items of
@@ -1128,7 +1092,7 @@ def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride,
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         _wait_for(arrivals + run_start, num_partials * num_hb)
         acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, False, SPAN, GRAD_ROUNDING, FOLD_BATCH, ".cg",
-                    FOLD_STAGES, FOLD_AHEAD)
+                    FOLD_STAGES)
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
 
 
@@ -1225,7 +1189,6 @@ class _Config:
     max_long_runs: int
     count_aggregate: bool  # merge sort with lone tokens: one atomic per group of equal keys in the count (COUNT_AGGREGATE)
     fold_stages: int  # sort path: > 0, the folders' sums pipelined over this many stages, fold_batch partials each (_fold_piped)
-    fold_ahead: bool  # sort path: the folders load the next fold_batch partials while they add these (_fold_ahead; probes)
     long_stages: int  # sort path: the same for _long_runs_kernel, long_batch partials each (LONG_FOLD)
 
 
@@ -1291,7 +1254,6 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         max_long_runs=max_long_runs,
         count_aggregate=COUNT_AGGREGATE,
         fold_stages=0,
-        fold_ahead=False,
         long_stages=0 if feature else LONG_FOLD[0],
     )
 
@@ -1588,7 +1550,6 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         LONE=lone,
         SCRATCH_POLICY="evict_last" if cfg.scratch_evict_last else "",
         FOLD_STAGES=cfg.fold_stages,
-        FOLD_AHEAD=cfg.fold_ahead,
     )
     return partials
 
