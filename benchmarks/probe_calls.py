@@ -21,6 +21,11 @@ SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is
 #: name -> _Config fields to override
 VARIANTS = {
     "default": {},
+    # v29: zero partials (Megatron's masked tokens) skipped by the folds: off, more flags a block, more runs flagged
+    "skip off": dict(zero_skip=0),
+    "skip block 256": dict(skip_block=256),
+    "skip block 128": dict(skip_block=128),
+    "skip min 32": dict(zero_skip=32),
     # v27: a long run's fold is a chain of loads in batches: narrower columns, more partials in flight
     "fold 64x64": dict(fold_h=64, fold_batch=64),
     "fold 32x64": dict(fold_h=32, fold_batch=64),

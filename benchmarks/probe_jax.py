@@ -27,6 +27,11 @@ POINTS = probe_points([(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32
 #: name -> _Config overrides
 VARIANTS = {
     "default": (),
+    # v29: zero partials (Megatron's masked tokens) skipped by the folds: off, more flags a block, more runs flagged
+    "skip off": (("zero_skip", 0),),
+    "skip block 256": (("skip_block", 256),),
+    "skip block 128": (("skip_block", 128),),
+    "skip min 32": (("zero_skip", 32),),
     # v8 (branch jax-fold-role): long runs folded by _long_runs_kernel instead of the partials kernel's folding programs.
     "fold kernel": (("fold_programs", 0),),
     "no prefetch": (("prefetch", False),),

@@ -143,8 +143,8 @@ def stage_us(ids, grad, main_grad) -> dict:
 
     res["partials alone (+ a memset)"] = graph_ms(partials) * 1e3
     plan = ew._plan_stage(ids, problem, cfg)
-    parts = ew._partials_stage(plan, grad, main_grad, problem, cfg)
-    res["long runs alone"] = graph_ms(lambda: ew._long_runs_stage(plan, parts, main_grad, problem, cfg)) * 1e3
+    parts, flags = ew._partials_stage(plan, grad, main_grad, problem, cfg)
+    res["long runs alone"] = graph_ms(lambda: ew._long_runs_stage(plan, parts, flags, main_grad, problem, cfg)) * 1e3
     return res
 
 

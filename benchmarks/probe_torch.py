@@ -80,11 +80,11 @@ def main():
             line(f"partials h{bh} w{w} maxnreg {reg}", n, dist, graph_ms(lambda cfg=cfg: run_partials(cfg)))
         line("stream h1024 w1", n, dist, graph_ms(lambda: stream_add(ids, grad, work, n, hidden)))
         plan = ew._plan_stage(ids, problem, base)  # a fresh long-run list: the timings above appended to it
-        partials = ew._partials_stage(plan, grad, work, problem, base)
+        partials, flags = ew._partials_stage(plan, grad, work, problem, base)
         print("long runs listed:", int(plan.long_count), flush=True)
         for bh, w, batch, programs in LONG_RUNS:
             cfg = replace(base, long_block_h=bh, long_warps=w, long_batch=batch, long_programs=programs)
-            line(f"long runs h{bh} w{w} batch{batch} programs{programs}", n, dist, graph_ms(lambda cfg=cfg: ew._long_runs_stage(plan, partials, work, problem, cfg)))
+            line(f"long runs h{bh} w{w} batch{batch} programs{programs}", n, dist, graph_ms(lambda cfg=cfg: ew._long_runs_stage(plan, partials, flags, work, problem, cfg)))
         del work
 
 

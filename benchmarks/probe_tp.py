@@ -4,7 +4,8 @@
 `masked_input` (an in-shard id minus the shard's start, 0 for every other token) and zeroes the
 other tokens' output rows, so the grad rows of those tokens are zero and, with TP = 8, about
 7/8 of the tokens fall into one run at row 0. This probe times that input, the form every
-Megatron user with TP > 1 hands `accumulate`, against the dense path on the shard's main_grad
+Megatron user with TP > 1 hands `accumulate` (with zero_rows=True, as the README asks; the
+variant "skip off" is a call without it), against the dense path on the shard's main_grad
 [V / TP, H] and the floor, each call first checked bit for bit against the deterministic dense path.
 
     python benchmarks/probe_tp.py                    (torch; default points, DEFAULT_VARIANTS)
@@ -23,21 +24,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import floor_bytes, print_variant_table  # noqa: E402
 
-from tests.cases import REAL_H, REAL_V, zipf_ids  # noqa: E402
+from tests.cases import REAL_H, REAL_V, tp_ids  # noqa: E402
 
 RANK = 1  # not rank 0: the frequent ids are spread over V (tests.cases.zipf_ids), so every rank looks alike
 
 #: The variants run when none are named (any of probe_calls.VARIANTS may be).
-DEFAULT_VARIANTS = ("default", "count plain", "lp off")
+DEFAULT_VARIANTS = ("default", "skip off", "skip block 256")
 
 
 def tp_inputs(n: int, tp: int):
     """(local ids, in-shard mask, shard rows) of rank RANK for Zipf(1.1) ids over the whole vocabulary."""
-    ids = zipf_ids(n, REAL_V, seed=n)
-    shard = REAL_V // tp
-    lo = RANK * shard
-    inside = (ids >= lo) & (ids < lo + shard)
-    return np.where(inside, ids - lo, 0), inside, shard
+    local, zeros, shard = tp_ids(n, tp, RANK)
+    inside = np.ones(n, bool)
+    inside[zeros] = False
+    return local, inside, shard
 
 
 def points():
@@ -71,9 +71,9 @@ def run_torch(names):
         for name in names:
             with config_overrides(**VARIANTS[name]):
                 out = main_grad.clone()
-                torch_frontend.accumulate(ids, grad, out)
+                torch_frontend.accumulate(ids, grad, out, zero_rows=True)
                 ok = same_bits(out, expected)
-                results[(n, tp, name)] = (graph_ms(lambda: torch_frontend.accumulate(ids, grad, out)) * 1e3, ok)
+                results[(n, tp, name)] = (graph_ms(lambda: torch_frontend.accumulate(ids, grad, out, zero_rows=True)) * 1e3, ok)
             print(f"  {name}: {results[(n, tp, name)][0]:.1f} us{'' if ok else ' DIFFERENT'}", flush=True)
         results[(n, tp, "floor")] = (results[(n, tp, "floor")][0] * 1e3, True)
         results[(n, tp, "dense")] = (results[(n, tp, "dense")][0] * 1e3, True)
@@ -101,16 +101,16 @@ def run_stages():
         for fields in ({"fold_programs": 0}, {"fold_programs": 0, "long_block_h": 32, "long_batch": 128}):
             with config_overrides(**fields):
                 problem = ew._check(ids, grad, main_grad, None)
-                cfg = ew._config(problem, ew.torch_path(n), False, *ew._device_traits(0))
+                cfg = ew._config(problem, ew.torch_path(n), False, *ew._device_traits(0), zero_rows=True)
                 cfg = dataclasses.replace(cfg, pdl=False)
                 plan = ew._plan_stage(ids, problem, cfg)
-                partials = ew._partials_stage(plan, grad, main_grad, problem, cfg, ids=ids)
-                ew._long_runs_stage(plan, partials, main_grad, problem, cfg)
+                partials, flags = ew._partials_stage(plan, grad, main_grad, problem, cfg, ids=ids)
+                ew._long_runs_stage(plan, partials, flags, main_grad, problem, cfg)
                 t_plan = graph_ms(lambda: ew._plan_stage(ids, problem, cfg))
                 plan = ew._plan_stage(ids, problem, cfg)
                 t_part = graph_ms(lambda: ew._partials_stage(plan, grad, main_grad, problem, cfg, ids=ids))
-                t_fold = graph_ms(lambda: ew._long_runs_stage(plan, partials, main_grad, problem, cfg))
-                t_call = graph_ms(lambda: torch_frontend.accumulate(ids, grad, main_grad))
+                t_fold = graph_ms(lambda: ew._long_runs_stage(plan, partials, flags, main_grad, problem, cfg))
+                t_call = graph_ms(lambda: torch_frontend.accumulate(ids, grad, main_grad, zero_rows=True))
             print(f"n={n} TP={tp} {fields}: plan {t_plan * 1e3:.1f} us, partials {t_part * 1e3:.1f}, folds {t_fold * 1e3:.1f}, "
                   f"whole call {t_call * 1e3:.1f}", flush=True)
 
@@ -135,9 +135,9 @@ def run_jax(names):
         want = reference.accumulate(local, grad_np, mg0)[touched]
         for name in names:
             o = VARIANTS[name]
-            got = np.asarray(ew._accumulate(ids, grad, jnp.asarray(mg0), overrides=o))[touched]
+            got = np.asarray(ew._accumulate(ids, grad, jnp.asarray(mg0), zero_rows=True, overrides=o))[touched]
             ok = np.array_equal(got.view(np.int32), want.view(np.int32))
-            ms, _ = chain_ms(lambda mg, o=o: ew._accumulate(ids, grad, mg, overrides=o), jnp.asarray(mg0))
+            ms, _ = chain_ms(lambda mg, o=o: ew._accumulate(ids, grad, mg, zero_rows=True, overrides=o), jnp.asarray(mg0))
             results[(n, f"TP{tp}", name)] = (ms * 1e3, ok)
             print(f"JAX n={n} TP={tp} {name}: {ms * 1e3:.1f} us {'exact' if ok else 'DIFFERENT'}", flush=True)
     print_variant_table("JAX variant (us)", [(n, f"TP{tp}") for n, tp in pts], names, results, "DIFFERENT")

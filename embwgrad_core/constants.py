@@ -58,6 +58,23 @@ FOLD_PROGRAMS_PER_SM = 4
 #: 44.0); 1024 uniform unchanged (benchmarks/NOTES.md v18 item 4). An implementation choice, not arithmetic.
 BF16_SCRATCH_MIN_TOKENS = 2048
 
+#: Sort path, both frontends, when the caller says grad has many zero rows (accumulate's
+#: zero_rows=True, as for Megatron's vocab-parallel lookup on a rank of TP > 1, whose other ranks'
+#: tokens all look up id 0 with zero grad rows): a long run of at least this many partials keeps,
+#: for each of its partials and H blocks, a flag saying whether the partial is nonzero there. A
+#: partial of more than one row whose fp32 sum is all +0 is not stored, and the fold skips the
+#: blocks of ZERO_SKIP_BLOCK partials whose flags are all 0 and, in the other blocks, the zero
+#: partials' loads. Exact: a run's sum starts at +0 and an fp32 sum that starts at +0 is never
+#: -0, so adding +0 leaves it as it is (NaN and Inf have nonzero bits, so are never skipped).
+#: Opt-in because the flags cost calls without zero rows 0.4-4 us (torch) and 1-2 us (JAX) on
+#: the H200. An implementation choice, not arithmetic; measured in benchmarks/NOTES.md v29.
+ZERO_SKIP_MIN_PARTIALS = 128
+
+#: Partials whose flags a fold reads at once (one vector load), and skips together when all are
+#: 0. H200, 8192 / 32768 tokens on a rank of TP 8 (NOTES v29): 64 / 128 / 256, torch 70.0 / 67.0
+#: / 65.9 and 222.6 / 214.2 / 209.1 us, JAX 70.7 / 73.3 / 65.0 and 200.3 / 192.5 / 192.9.
+ZERO_SKIP_BLOCK = 256
+
 #: Path names, as :func:`embwgrad_core.plan.torch_path` returns them.
 FEATURE = "feature"
 SORT = "sort"

@@ -84,6 +84,8 @@ from embwgrad_core import (
     NROWS,
     PARTIAL_PROGRAMS_PER_SM,
     SORT,
+    ZERO_SKIP_BLOCK,
+    ZERO_SKIP_MIN_PARTIALS,
     key_packing,
     merge_block,
     merge_tiles,
@@ -504,6 +506,7 @@ def _partials_kernel(
     long_runs_ref,  # int32 [max_long_runs, 2]: (run start, number of partials) of each long run (sort path: the plan's)
     counts_ref,  # int32 [COUNTS]: the plan's counters; feature path, [_LISTED] counts the long runs listed here
     arrivals_ref,  # int32 [n]: sort path with folders, each run's partials that have arrived (at its first slot)
+    flags_ref,  # int32 [partial_buffer_rows * cdiv(H, block_h)]: skip_min > 0, whether each long-run partial is nonzero per H block
     *,
     n: int,
     hidden: int,  # H
@@ -520,6 +523,8 @@ def _partials_kernel(
     fold_ahead: bool,  # they load the next batch while they add this one (_fold)
     tail: int,  # sort path: the last programs but the folders, which take the last items, one each (as the torch twin)
     interpret: bool,  # Pallas interpret mode: programs run in order, one at a time (no barrier, no waiting)
+    skip_min: int,  # sort path: runs of this many partials or more flag and skip their zero partials (_fold; 0: none)
+    skip_block: int,  # flags a fold reads at once
 ):
     """Every partial's rows summed in order, over one H block per item (partial, H block).
 
@@ -539,6 +544,8 @@ def _partials_kernel(
     Waiting cannot deadlock: the folders are a few programs per SM, and the partials they wait
     for are taken by programs that never wait (in interpret mode, which runs programs in order,
     the folders come last).
+    Sort path with skip_min (as the torch twin): a partial of a run of skip_min partials or more
+    stores its flag, 0 where its sum is all +0 over the H block, and then no sum (_fold skips it).
     """
     del main_grad_in_ref, counts_in_ref, long_runs_in_ref, arrivals_in_ref
     feature = path == FEATURE
@@ -580,12 +587,22 @@ def _partials_kernel(
         def load_old(finish):  # the main_grad row of a run of one partial, before its grad rows, to overlap them
             return plgpu.load(main_grad_ref.at[key, row_block], mask=live_h & finish, other=0).astype(jnp.float32)
 
-        def write(acc, gw, old, finish, last):
-            """A run of one partial: round(old + gw) into main_grad; else acc to the scratch buffer and, if last, the run to the list."""
+        def write(acc, gw, old, finish, last, nonzero=None):
+            """A run of one partial: round(old + gw) into main_grad; else acc to the scratch buffer and, if last, the run to the list.
+
+            nonzero (sort path with skip_min, a partial of more than one row): whether acc has a
+            nonzero bit; a partial of one row counts as nonzero (no reduction on the copy-add's path).
+            """
             new = _round(old + gw, main_grad_dtype)
             plgpu.store(main_grad_ref.at[key, row_block], new.astype(main_grad_ref.dtype), mask=live_h & finish)
             row = partial_row(run_start, k, path).astype(jnp.int32)  # embwgrad_core.partial_row
-            plgpu.store(partials_ref.at[row, row_block], _to_scratch(acc, gw, partials_ref.dtype), mask=live_h & ~finish)
+            stored = ~finish
+            if skip_min and not feature:  # (predicated, no branch, as the torch twin)
+                flagged = ~finish & (run_end - run_start > (skip_min - 1) * NROWS)  # a run of skip_min partials or more
+                nonzero = jnp.int32(1) if nonzero is None else nonzero
+                plgpu.store(flags_ref.at[row * num_hb + hb], nonzero, mask=flagged)
+                stored = stored & (nonzero != 0)
+            plgpu.store(partials_ref.at[row, row_block], _to_scratch(acc, gw, partials_ref.dtype), mask=live_h & stored)
 
             if feature:  # the sort path's plan lists its long runs
 
@@ -648,7 +665,8 @@ def _partials_kernel(
                     acc = add_row(pos_t, take, acc)
             else:
                 acc = lax.fori_loop(1, nrows, lambda t, acc: add_row(sorted_pos_ref[s + t], True, acc), acc)
-            write(acc, _round(acc, grad_dtype), old, finish, is_last)
+            nonzero = jnp.max((lax.bitcast_convert_type(acc, jnp.uint32) != 0).astype(jnp.int32)) if skip_min else None  # (columns past H: +0)
+            write(acc, _round(acc, grad_dtype), old, finish, is_last, nonzero)
 
     if feature:
         s = p // num_hb
@@ -666,10 +684,10 @@ def _partials_kernel(
         @pl.when(folder)
         def _():
             chunks = pl.cdiv(hidden, fold_h)
-            fold = functools.partial(_fold_item, long_runs_ref, sorted_keys_ref, partials_ref, main_grad_ref, arrivals_ref, hidden=hidden,
-                                     chunks=chunks, partial_hb=num_hb, grad_dtype=grad_dtype, main_grad_dtype=main_grad_dtype,
-                                     fold_h=fold_h, batch=fold_batch, ahead=fold_ahead, fid=p - fold_lo, folders=folders,
-                                     wait=not interpret)
+            fold = functools.partial(_fold_item, long_runs_ref, sorted_keys_ref, partials_ref, main_grad_ref, arrivals_ref, flags_ref,
+                                     hidden=hidden, chunks=chunks, partial_hb=num_hb, block_h=block_h, grad_dtype=grad_dtype,
+                                     main_grad_dtype=main_grad_dtype, fold_h=fold_h, batch=fold_batch, ahead=fold_ahead, fid=p - fold_lo,
+                                     folders=folders, wait=not interpret, skip_min=skip_min, skip_block=skip_block)
             lax.fori_loop(0, (counts_ref[_LISTED] * chunks - (p - fold_lo) + folders - 1) // folders, fold, None)
 
         programs -= folders
@@ -719,60 +737,90 @@ def _item_range(q, folder, items, programs, tail: int):
 
 
 def _fold(partials_ref, run_start, num_partials, h0, width: int, live_h, *, path: str, grad_dtype: str, batch: int,
-          ahead: bool = False):
+          ahead: bool = False, flags_ref=None, flag_hb=0, partial_hb: int = 1, skip_min: int = 0, skip_block: int = 1):
     """A long run's partials over columns [h0, h0 + width), folded in order and rounded to grad's dtype (as fp32).
 
     batch partials' loads are in flight at once, then FOLD_TAIL at a time for the rest; the adds
-    stay one at a time, in order. Past the run's last partial the last one is loaded again (an
+    stay one at a time, in order. Past the last partial the last one is loaded again (an
     address, no predicate, so every load of a step issues before its first add) and dropped.
     Feature path: each partial and each step is rounded, as PyTorch's per-chunk sums are; sort
     path: the sum is rounded once. ahead: the next batch's loads are issued before this batch's
     adds (carried through the loop in registers, twice a batch's), so a long fold keeps loads in
     flight while it adds instead of a round trip per batch; the last batch may drop up to
     batch - 1 steps. The same sum either way.
+    skip_min > 0 (sort path, as the torch twin): a run of at least skip_min partials has a flag per
+    partial and H block of the partials kernel at flags_ref[partial_row * partial_hb + flag_hb]
+    (0: all +0 there, and not stored), read skip_block at a time. If none is 0 the run is summed
+    as without flags; else a block of zeros adds nothing (the sum is never -0, so adding +0
+    leaves it) and the other blocks' zero partials are not loaded (ZERO_SKIP_MIN_PARTIALS).
     """
     feature = path == FEATURE
 
-    def load(k0, size):  # partials [k0, k0 + size), those past the run's last as its last
+    def load(k0, size, k_end, flagged):  # partials [k0, k0 + size), those from k_end on as the last before it
         parts = []
         for u in range(size):
-            k = jnp.minimum(k0 + u, num_partials - 1)
+            k = jnp.minimum(k0 + u, k_end - 1)
             row = partial_row(run_start, k, path).astype(jnp.int32)
-            parts.append(_from_scratch(plgpu.load(partials_ref.at[row, pl.ds(h0, width)], mask=live_h, other=0)))
+            live = live_h & (flags_ref[row * partial_hb + flag_hb] != 0) if flagged else live_h
+            parts.append(_from_scratch(plgpu.load(partials_ref.at[row, pl.ds(h0, width)], mask=live, other=0)))
         return tuple(parts)
 
-    def add(k0, parts, acc):  # those past the run's last dropped
+    def add(k0, parts, acc, k_end):  # those from k_end on dropped
         for u, part in enumerate(parts):
-            take = k0 + u < num_partials
+            take = k0 + u < k_end
             if feature:
                 acc = jnp.where(take, _round(acc + _round(part, grad_dtype), grad_dtype), acc)
             else:
                 acc = jnp.where(take, acc + part, acc)
         return acc
 
-    zero = jnp.zeros((width,), jnp.float32)
-    if ahead:
-        def step(b, carry):
-            acc, parts = carry
-            following = load((b + 1) * batch, batch)  # in flight while this batch is added
-            return add(b * batch, parts, acc), following
+    def span(acc, k_lo, k_end, flagged, ahead):  # acc with partials [k_lo, k_end) folded in
+        if ahead:
+            def step(b, carry):
+                acc, parts = carry
+                following = load(k_lo + (b + 1) * batch, batch, k_end, flagged)  # in flight while this batch is added
+                return add(k_lo + b * batch, parts, acc, k_end), following
 
-        acc, _ = lax.fori_loop(0, (num_partials + batch - 1) // batch, step, (zero, load(0, batch)))
-        return acc if feature else _round(acc, grad_dtype)
-    # Whole batches, then the rest FOLD_TAIL at a time, so a run drops at most FOLD_TAIL - 1
-    # steps, not batch - 1 (as the torch twin; NOTES v17 item 8).
-    tail = min(FOLD_TAIL, batch)
-    full = num_partials // batch
-    acc = lax.fori_loop(0, full, lambda b, acc: add(b * batch, load(b * batch, batch), acc), zero)
-    if batch > 1:  # (batch 1, as in interpret mode, leaves no rest: no second loop to compile)
-        acc = lax.fori_loop(0, (num_partials - full * batch + tail - 1) // tail,
-                            lambda b, acc: add(full * batch + b * tail, load(full * batch + b * tail, tail), acc), acc)
+            acc, _ = lax.fori_loop(0, (k_end - k_lo + batch - 1) // batch, step, (acc, load(k_lo, batch, k_end, flagged)))
+            return acc
+        # Whole batches, then the rest FOLD_TAIL at a time, so a run drops at most FOLD_TAIL - 1
+        # steps, not batch - 1 (as the torch twin; NOTES v17 item 8).
+        tail = min(FOLD_TAIL, batch)
+        full = (k_end - k_lo) // batch
+        acc = lax.fori_loop(0, full, lambda b, acc: add(k_lo + b * batch, load(k_lo + b * batch, batch, k_end, flagged), acc, k_end), acc)
+        if batch > 1:  # (batch 1, as in interpret mode, leaves no rest: no second loop to compile)
+            rest = k_lo + full * batch
+            acc = lax.fori_loop(0, (k_end - rest + tail - 1) // tail,
+                                lambda b, acc: add(rest + b * tail, load(rest + b * tail, tail, k_end, flagged), acc, k_end), acc)
+        return acc
+
+    zero = jnp.zeros((width,), jnp.float32)
+    if skip_min and not feature:
+        def flags_block(k0, past):  # the flags of partials [k0, k0 + skip_block), past the last `past`; one vector load
+            ks = k0 + lax.iota(jnp.int32, skip_block)
+            inside = ks < num_partials
+            rows = partial_row(run_start, jnp.where(inside, ks, k0), path).astype(jnp.int32)  # masked lanes still need an address
+            return plgpu.load(flags_ref.at[rows * partial_hb + flag_hb], mask=inside, other=past)
+
+        def block(b, acc):  # partials [k0, k_end): skipped if all zeros, else each loaded as its flag says
+            k0 = b * skip_block
+            some = jnp.max(flags_block(k0, 0)) != 0
+            return lax.cond(some, lambda acc: span(acc, k0, jnp.minimum(k0 + skip_block, num_partials), True, False), lambda acc: acc, acc)
+
+        # First the flags' blocks that hold a 0: with none (a long run of nonzero partials, as in
+        # Zipf ids) the run is summed in one span, its loads ahead never restarted (as the torch twin).
+        blocks = (num_partials + skip_block - 1) // skip_block
+        zero_blocks = lax.fori_loop(0, jnp.where(num_partials >= skip_min, blocks, 0),
+                                    lambda b, z: z + (jnp.min(flags_block(b * skip_block, 1)) == 0).astype(jnp.int32), jnp.int32(0))
+        acc = lax.cond(zero_blocks == 0, lambda: span(zero, 0, num_partials, False, ahead), lambda: lax.fori_loop(0, blocks, block, zero))
+    else:
+        acc = span(zero, 0, num_partials, False, ahead)
     return acc if feature else _round(acc, grad_dtype)
 
 
-def _fold_item(long_runs_ref, sorted_keys_ref, partials_ref, main_grad_ref, arrivals_ref, t, carry, *, hidden: int, chunks: int,
-               partial_hb: int, grad_dtype: str, main_grad_dtype: str, fold_h: int, batch: int, ahead: bool, fid, folders: int,
-               wait: bool):
+def _fold_item(long_runs_ref, sorted_keys_ref, partials_ref, main_grad_ref, arrivals_ref, flags_ref, t, carry, *, hidden: int,
+               chunks: int, partial_hb: int, block_h: int, grad_dtype: str, main_grad_dtype: str, fold_h: int, batch: int, ahead: bool,
+               fid, folders: int, wait: bool, skip_min: int, skip_block: int):
     """Sort path, a folding program of _partials_kernel: its t-th (long run, fold_h columns) item.
 
     It waits until the run's arrival counter holds all its partials (num_partials *
@@ -792,7 +840,8 @@ def _fold_item(long_runs_ref, sorted_keys_ref, partials_ref, main_grad_ref, arri
 
     if wait:
         lax.while_loop(lambda count: count < num_partials * partial_hb, arrived, arrived(None))
-    acc = _fold(partials_ref, run_start, num_partials, h0, fold_h, live_h, path=SORT, grad_dtype=grad_dtype, batch=batch, ahead=ahead)
+    acc = _fold(partials_ref, run_start, num_partials, h0, fold_h, live_h, path=SORT, grad_dtype=grad_dtype, batch=batch, ahead=ahead,
+                flags_ref=flags_ref, flag_hb=h0 // block_h, partial_hb=partial_hb, skip_min=skip_min, skip_block=skip_block)
     _add_to_row(main_grad_ref, sorted_keys_ref[run_start], h0, live_h, acc, main_grad_dtype)
     return carry
 
@@ -803,6 +852,7 @@ def _long_runs_kernel(
     counts_ref,  # int32 [COUNTS]: [_LISTED] long runs listed
     sorted_keys_ref,  # int32 [n]: keys in sorted order
     partials_ref,  # [partial_buffer_rows, H]: partial sums of long runs, fp32 or bf16 bits (_to_scratch)
+    flags_ref,  # int32 [partial_buffer_rows * partial_hb]: skip_min > 0, whether each long-run partial is nonzero (_partials_kernel)
     main_grad_in_ref,  # [V, H]: aliased to main_grad_ref, never read
     # Outputs
     main_grad_ref,  # [V, H] bf16/fp16/fp32: rows of long runs get their gradient
@@ -814,6 +864,9 @@ def _long_runs_kernel(
     block_h: int,
     batch: int,  # partials loaded per step
     ahead: bool,  # the next batch loaded while this one is added (_fold)
+    partial_block_h: int,  # the partials kernel's block_h (a multiple of block_h)
+    skip_min: int,  # sort path: runs of this many partials or more skip their zero partials (_fold; 0: none)
+    skip_block: int,
 ):
     """Fold each listed run's partials in order, round, add to main_grad; programs stride the list."""
     del main_grad_in_ref
@@ -825,7 +878,8 @@ def _long_runs_kernel(
         entry = program + t * programs
         run_start = long_runs_ref[entry, 0]
         acc = _fold(partials_ref, run_start, long_runs_ref[entry, 1], h0, block_h, live_h, path=path, grad_dtype=grad_dtype, batch=batch,
-                    ahead=ahead)
+                    ahead=ahead, flags_ref=flags_ref, flag_hb=h0 // partial_block_h, partial_hb=pl.cdiv(hidden, partial_block_h),
+                    skip_min=skip_min, skip_block=skip_block)
         _add_to_row(main_grad_ref, sorted_keys_ref[run_start], h0, live_h, acc, main_grad_dtype)
         return carry
 
@@ -867,6 +921,8 @@ class _Config:
     long_programs: int  # _long_runs_kernel programs along the run list
     long_batch: int  # partials _long_runs_kernel loads at once
     long_ahead: bool  # it loads the next batch while it adds this one (_fold)
+    zero_skip: int  # sort path: runs of this many partials or more skip their zero partials (ZERO_SKIP_MIN_PARTIALS; 0: none)
+    skip_block: int  # their flags read at once (ZERO_SKIP_BLOCK)
     long_warps: int  # _long_runs_kernel's num_warps
     max_long_runs: int  # rows of the long-run list
     num_warps: int  # every kernel's but _partials_kernel's and _rank_kernel's
@@ -885,8 +941,8 @@ def _gpu_sms() -> int:
     return getattr(jax.local_devices()[0], "core_count", None) or 132
 
 
-def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
-    """The launch parameters; overrides ((field, value), ...) lets tests force a sort or small tiles.
+def _config(problem: Problem, path: str, overrides: tuple = (), zero_rows: bool = False) -> _Config:
+    """The launch parameters (zero_rows: accumulate's); overrides ((field, value), ...) lets tests force a sort or small tiles.
 
     interpret and merge_block are read from overrides first: the tiles and merge_blocks and
     merge_u follow from them, unless overridden too.
@@ -954,6 +1010,9 @@ def _config(problem: Problem, path: str, overrides: tuple = ()) -> _Config:
         # us slower at 2048-3072 tokens (few chunks a run, each step rounded; NOTES v28 item 4).
         long_batch=1 if interpret else 32 if feature else 16,
         long_ahead=not feature,
+        # As the torch twin; interpret mode's tests are small: there runs of 2 partials or more, 4 flags a block.
+        zero_skip=0 if feature or not zero_rows else 2 if interpret else ZERO_SKIP_MIN_PARTIALS,
+        skip_block=4 if interpret else ZERO_SKIP_BLOCK,
         long_warps=1,
         max_long_runs=max_long_runs,
         num_warps=4,
@@ -1006,6 +1065,9 @@ class _Stages(NamedTuple):
     counts: jax.Array  # int32 [COUNTS]
     partials: jax.Array  # fp32 [partial_buffer_rows, H]: meaningful at the partial rows of long runs
     long_runs: jax.Array  # int32 [max_long_runs, 2]: the first counts[_LISTED] rows are meaningful
+    # int32 [partial_buffer_rows * cdiv(H, block_h)], with zero_skip: at (partial row, H block) of
+    # the partials of runs of zero_skip partials or more, whether the partial is nonzero there
+    flags: jax.Array
     main_grad: jax.Array  # [V, H]
 
 
@@ -1155,7 +1217,7 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
     sort path with folding programs: fold them too.
 
     plan is (sorted_keys, sorted_pos, partial_ord or None, run_start, run_end). Returns
-    (main_grad, partials, long_runs, counts, arrivals), all but partials aliased to the inputs.
+    (main_grad, partials, long_runs, counts, arrivals, flags), all but partials and flags aliased to the inputs.
     """
     sorted_keys, sorted_pos, partial_ord, run_start, run_end = plan
     n, hidden = problem.num_tokens, problem.hidden
@@ -1175,6 +1237,8 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
             _sds(cfg, long_runs.shape, jnp.int32),
             _sds(cfg, (COUNTS,), jnp.int32),
             _sds(cfg, arrivals.shape, jnp.int32),
+            # (never read before written; a placeholder without the zero skip)
+            _sds(cfg, (partial_buffer_rows(n, cfg.path) * pl.cdiv(hidden, cfg.block_h) if cfg.zero_skip else 1,), jnp.int32),
         ],
         grid=(programs,),
         input_output_aliases={last - 3: 0, last - 1: 2, last - 2: 3, last: 4},
@@ -1197,17 +1261,19 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
         fold_ahead=cfg.fold_ahead,
         tail=0 if feature else max(0, min(cfg.tail_programs, programs - folders - 1)),
         interpret=cfg.interpret,
+        skip_min=cfg.zero_skip,
+        skip_block=cfg.skip_block,
     )(*inputs)
 
 
-def _long_runs(long_runs, counts, sorted_keys, partials, main_grad, problem: Problem, cfg: _Config):
+def _long_runs(long_runs, counts, sorted_keys, partials, flags, main_grad, problem: Problem, cfg: _Config):
     """Stage 4: fold every long run's partials in order and add the result to main_grad (aliased)."""
     return _call(
         _long_runs_kernel,
         cfg,
         out_shape=_sds(cfg, main_grad.shape, main_grad.dtype),
         grid=(cfg.long_programs, pl.cdiv(problem.hidden, cfg.long_block_h)),
-        input_output_aliases={4: 0},
+        input_output_aliases={5: 0},
         num_warps=cfg.long_warps,
         name="embwgrad_long_runs",
         hidden=problem.hidden,
@@ -1217,7 +1283,10 @@ def _long_runs(long_runs, counts, sorted_keys, partials, main_grad, problem: Pro
         block_h=cfg.long_block_h,
         batch=cfg.long_batch,
         ahead=cfg.long_ahead,
-    )(long_runs, counts, sorted_keys, partials, main_grad)
+        partial_block_h=cfg.block_h,
+        skip_min=cfg.zero_skip,
+        skip_block=cfg.skip_block,
+    )(long_runs, counts, sorted_keys, partials, flags, main_grad)
 
 
 def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config) -> _Stages:
@@ -1231,12 +1300,13 @@ def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config) -> _Stages
         sorted_keys, sorted_pos = _sort(ids, problem, cfg)
         run_start, run_end, counts, records, long_runs, arrivals = _runs(sorted_keys, sorted_pos, problem, cfg)
     plan = (sorted_keys, sorted_pos, partial_ord, run_start, run_end)
-    main_grad, partials, long_runs, counts, arrivals = _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, problem, cfg)
+    main_grad, partials, long_runs, counts, arrivals, flags = _partials(plan, records, counts, long_runs, arrivals, grad, main_grad,
+                                                                       problem, cfg)
     if cfg.fold_programs == 0:  # else the partials kernel folded the long runs (never on the feature path)
-        main_grad = _long_runs(long_runs, counts, sorted_keys, partials, main_grad, problem, cfg)
+        main_grad = _long_runs(long_runs, counts, sorted_keys, partials, flags, main_grad, problem, cfg)
     if cfg.path == FEATURE:
         records = None
-    return _Stages(*plan, records, counts, partials, long_runs, main_grad)
+    return _Stages(*plan, records, counts, partials, long_runs, flags, main_grad)
 
 
 # ----------------------------------------------------------------------------- public functions
@@ -1262,18 +1332,21 @@ def _check(ids, grad, main_grad, padding_idx) -> Problem:
     return problem
 
 
-def _accumulate_impl(ids, grad, main_grad, *, padding_idx=None, path=None, overrides=()):
+def _accumulate_impl(ids, grad, main_grad, *, padding_idx=None, zero_rows=False, path=None, overrides=()):
     """accumulate with knobs for tests: the arithmetic forced to path ("feature" or "sort"; None:
     PyTorch's choice), _Config fields forced by overrides ((field, value), ...)."""
     problem = _check(ids, grad, main_grad, padding_idx)
+    if not isinstance(zero_rows, bool):
+        raise TypeError(f"zero_rows must be a bool, got {type(zero_rows).__name__}")
     n, hidden = problem.num_tokens, problem.hidden
     if n == 0 or hidden == 0:
         return main_grad
-    cfg = dataclasses.replace(_config(problem, torch_path(n) if path is None else path, overrides), vary=_mesh_axes(ids, grad, main_grad))
+    cfg = _config(problem, torch_path(n) if path is None else path, overrides, zero_rows=zero_rows)
+    cfg = dataclasses.replace(cfg, vary=_mesh_axes(ids, grad, main_grad))
     return _run_stages(ids.reshape(n), grad.reshape(n, hidden), main_grad, problem, cfg).main_grad
 
 
-_JIT = dict(static_argnames=("padding_idx", "path", "overrides"), donate_argnames=("main_grad",))
+_JIT = dict(static_argnames=("padding_idx", "zero_rows", "path", "overrides"), donate_argnames=("main_grad",))
 #: Inside a caller's jit (or any other transformation), where jax allows no compiler options.
 _accumulate = jax.jit(_accumulate_impl, **_JIT)
 #: A call on its own is three or four custom kernels, below XLA's CUDA-graph threshold
@@ -1284,7 +1357,8 @@ _accumulate = jax.jit(_accumulate_impl, **_JIT)
 _accumulate_alone = jax.jit(_accumulate_impl, **_JIT, compiler_options={"xla_gpu_graph_min_graph_size": 1})
 
 
-def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding_idx: int | None = None) -> jax.Array:
+def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding_idx: int | None = None,
+               zero_rows: bool = False) -> jax.Array:
     """main_grad + embedding_dense_backward(grad, ids), with PyTorch CUDA's bits; main_grad is donated.
 
     Args:
@@ -1294,6 +1368,10 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
             ``main_grad = accumulate(ids, grad, main_grad)``, which updates the buffer in place
             (also inside jax.jit and lax.scan, where XLA keeps the alias).
         padding_idx: as in torch.nn.functional.embedding: that row gets nothing.
+        zero_rows: True where many of grad's rows are zero, as a vocab-parallel lookup makes them
+            (each device's tokens of other shards looked up as id 0, their grad rows zeroed): the
+            partial sums of ten zero rows are then neither stored nor folded (as the torch
+            frontend's; benchmarks/NOTES.md v29). Only the speed changes: the bits are the same.
 
     Returns:
         The new main_grad [V, H]. Only the rows of ids are read and written: rows of ids that
@@ -1309,4 +1387,4 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
     neither donated nor changed. n == 0 or H == 0 returns main_grad unchanged.
     """
     traced = any(isinstance(a, jax.core.Tracer) for a in (ids, grad, main_grad))
-    return (_accumulate if traced else _accumulate_alone)(ids, grad, main_grad, padding_idx=padding_idx)
+    return (_accumulate if traced else _accumulate_alone)(ids, grad, main_grad, padding_idx=padding_idx, zero_rows=zero_rows)

@@ -64,6 +64,7 @@ def variants():
     for feature, grad, main, scratch in scratches:
         span = CHUNK if feature else NROWS
         common = {"PDL": True, "FEATURE_PATH": feature, "SPAN": span, "GRAD_ROUNDING": grad, "MAIN_ROUNDING": main}
+        skip = {"SKIP_MIN": 0 if feature else ew.ZERO_SKIP_MIN_PARTIALS, "SKIP_BLOCK": ew.ZERO_SKIP_BLOCK}  # as _config
         types = {"grad_ptr": "*" + DTYPES[grad], "main_grad_ptr": "*" + DTYPES[main], "partials_ptr": "*" + scratch, "ids_ptr": "*i64"}
         types.update({k: "i64" for k in ("grad_stride0", "grad_stride1", "grad_stride_h", "main_grad_stride")})
         yield (
@@ -71,13 +72,14 @@ def variants():
             ew._partials_kernel,
             types,
             {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT, "FOLD_H": 256, "FOLD_BATCH": 16,
-             "PREFETCH_L2": not feature, "LONE": not feature, "SCRATCH_POLICY": "" if feature else "evict_last", "FOLD_STAGES": 0},
+             "PREFETCH_L2": not feature, "LONE": not feature, "SCRATCH_POLICY": "" if feature else "evict_last", "FOLD_STAGES": 0, **skip},
         )
         yield (
             f"long_runs feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]} scratch={scratch}",
             ew._long_runs_kernel,
             types,
-            {**common, "BLOCK_H": 128, "BATCH": 32 if feature else ew.LONG_FOLD[1], "STAGES": 0 if feature else ew.LONG_FOLD[0]},
+            {**common, "BLOCK_H": 128, "BATCH": 32 if feature else ew.LONG_FOLD[1], "STAGES": 0 if feature else ew.LONG_FOLD[0],
+             "PARTIAL_BLOCK_H": 1024, **skip},
         )
 
 

@@ -33,10 +33,10 @@ from embwgrad_core.dtypes import ROUNDING_CODE  # noqa: E402
 from torch_frontend import embedding_wgrad as ew  # noqa: E402
 
 #: Arguments that are multiples of 16 in the benchmark's calls (V = 129280, H = 7168, n = 4096-32768).
-DIVISIBLE = {"ws_ptr", "grad_ptr", "main_grad_ptr", "partials_ptr", "ids_ptr", "n", "hidden", "max_long_runs", "grad_stride0",
+DIVISIBLE = {"ws_ptr", "grad_ptr", "main_grad_ptr", "partials_ptr", "flags_ptr", "ids_ptr", "n", "hidden", "max_long_runs", "grad_stride0",
              "main_grad_stride", "num_embeddings", "prefetch_tokens", "fold_programs", "group_cap", "tail_programs",
              "counts_ptr", "lone_tokens", "lone_programs"}
-POINTERS = {"grad_ptr": "*bf16", "main_grad_ptr": "*fp32", "partials_ptr": "*fp32", "ids_ptr": "*i64", "ws_ptr": "*i32", "counts_ptr": "*i32"}
+POINTERS = {"grad_ptr": "*bf16", "main_grad_ptr": "*fp32", "partials_ptr": "*fp32", "flags_ptr": "*i32", "ids_ptr": "*i64", "ws_ptr": "*i32", "counts_ptr": "*i32"}
 
 
 def defaults() -> dict:
@@ -47,6 +47,7 @@ def defaults() -> dict:
         "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT and ew.RECORD_L1_HINT, "FOLD_H": 256, "FOLD_BATCH": 16, "PREFETCH_L2": True,
         "LONE": True,  # n above 4096 (LONE_TOKENS)
         "SCRATCH_POLICY": "evict_last" if ew.SCRATCH_EVICT_LAST else "", "FOLD_STAGES": 0,
+        "SKIP_MIN": 0, "SKIP_BLOCK": ew.ZERO_SKIP_BLOCK,  # zero_rows=False (accumulate's default)
     }
 
 

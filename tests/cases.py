@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from embwgrad_core import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, NROWS, SORT, reference
+from embwgrad_core import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, NROWS, SORT, make_plan, reference
 from embwgrad_core.dtypes import bits, numpy_dtype, round_to
 
 
@@ -25,6 +25,8 @@ class Case:
     specials: bool = False  #: sprinkle -0, subnormals, huge values into grad
     seed: int = 0
     marks: tuple = field(default=(), compare=False)
+    #: flat positions whose grad rows are zero (+0 and -0), as Megatron's vocab-parallel lookup makes them
+    zero_positions: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -47,6 +49,9 @@ class Case:
             flat = grad.reshape(-1)
             spots = rng.choice(flat.size, size=max(1, flat.size // 8), replace=False)
             flat[spots] = rng.choice(np.array([-0.0, 0.0, 2.0**-130, -(2.0**-133), 3.0e38, -1e-45], np.float32), spots.size)
+        if self.zero_positions is not None:
+            rows = grad.reshape(-1, self.hidden)
+            rows[self.zero_positions] = np.where(rng.random((len(self.zero_positions), 1)) < 0.5, -0.0, 0.0)
         return self.ids.astype(np.int64), grad.astype(numpy_dtype(self.grad_dtype))
 
     @property
@@ -126,6 +131,66 @@ def cpu_cases() -> list[Case]:
     return cases
 
 
+def tp_ids(n: int, tp: int, rank: int = 1):
+    """(local ids, zero positions, shard rows) of Megatron's vocab-parallel lookup on rank `rank` of
+    tp for Zipf(1.1) ids over the real vocabulary: ids outside the rank's shard become 0 and their
+    grad rows are zero, so about (tp - 1) / tp of the tokens make one run at row 0 (benchmarks/probe_tp.py)."""
+    ids = zipf_ids(n, REAL_V, seed=n)
+    shard = REAL_V // tp
+    inside = (ids >= rank * shard) & (ids < (rank + 1) * shard)
+    return np.where(inside, ids - rank * shard, 0), np.flatnonzero(~inside), shard
+
+
+def masked_arrays(grad_dtype: str = "bfloat16"):
+    """(ids, grad, main_grad) as Megatron's vocab-parallel lookup hands them on one rank, small: a run of
+    151 tokens at row 0 whose grad rows are zero (other ranks' tokens: +0 or -0), but for 2 of its tokens
+    (the 5th and 55th), whose rows are nonzero in columns [16, 32) only; a run of 45 tokens of id 7
+    with nonzero rows; 124 other tokens. V = 50, H = 40, sort path (320 tokens).
+
+    With the interpreter's zero skip (runs of 2 partials or more, 4 flags a block) and H blocks of
+    16 columns, row 0's 16 partials make, in H block 1, blocks of both kinds and one of zeros (its
+    last partial, of one row, counts as nonzero), in blocks 0 and 2 zeros but that one; id 7's
+    blocks are of nonzero partials.
+    """
+    rng = np.random.default_rng(21)
+    others = rng.choice(np.setdiff1d(np.arange(1, 50), [7]), size=124)
+    ids = rng.permutation(np.concatenate([np.zeros(151, np.int64), np.full(45, 7), others]))
+    grad = rng.standard_normal((ids.size, 40), dtype=np.float32)
+    row0 = np.flatnonzero(ids == 0)
+    grad[row0] = np.where(rng.random((row0.size, 1)) < 0.5, -0.0, 0.0)
+    real = row0[[5, 55]]
+    grad[real, 16:32] = rng.standard_normal((2, 16), dtype=np.float32)
+    main_grad = rng.standard_normal((50, 40), dtype=np.float32)
+    return ids, grad.astype(numpy_dtype(grad_dtype)), main_grad
+
+
+def assert_masked_flags(flags, partials, ids, grad, zero_skip: int, skip_block: int, block_h: int = 16) -> None:
+    """A frontend's zero-skip flags ([partial rows, H blocks]) and scratch partials for masked_arrays'
+    input: each flagged partial's flag per H block of block_h columns says whether the reference's
+    sum is nonzero there, and the sum is stored where it is; the case makes every kind of block."""
+    plan = make_plan(ids, 50, path=SORT)
+    sums = reference.partial_sums(plan, grad.reshape(ids.size, -1))
+    blocks = -(-sums.shape[1] // block_h)
+    padded = np.zeros((sums.shape[0], blocks * block_h), np.float32)
+    padded[:, : sums.shape[1]] = sums
+    # A partial of one row counts as nonzero (the frontends skip the test on the copy-add's path).
+    one_row = np.minimum(plan.run_end[plan.partial_slot] - plan.partial_slot, NROWS) == 1
+    expected = ((bits(padded).reshape(-1, blocks, block_h) != 0).any(axis=2) | one_row[:, None]).astype(np.int32)
+    flagged = plan.run_partials[plan.partial_run] >= zero_skip
+    rows = plan.partial_rows[flagged]
+    assert np.asarray(flags)[rows].tolist() == expected[flagged].tolist()
+    stored = np.repeat(expected[flagged], block_h, axis=1)[:, : sums.shape[1]].astype(bool)
+    assert_partials_equal(np.asarray(partials)[rows][stored], sums[flagged][stored], SORT, "float32")
+    # Row 0's partials but its last are zero in H blocks 0 and 2; in block 1 they make blocks of
+    # both kinds and one of zeros. Id 7's are nonzero.
+    keys = plan.sorted_keys[plan.partial_slot]
+    row0 = expected[flagged & (keys == 0)]
+    kinds = [row0[k : k + skip_block, 1] for k in range(0, len(row0), skip_block)]
+    assert len(row0) == 16 and not row0[:15, [0, 2]].any() and row0[15].all()
+    assert [bool(b.any()) for b in kinds] == [True, True, False, True] and not any(b.all() for b in kinds)
+    assert expected[flagged & (keys == 7)].all()
+
+
 #: The real shape: DeepSeek-V3's vocabulary and hidden size.
 REAL_V, REAL_H = 129280, 7168
 
@@ -146,6 +211,15 @@ def gpu_cases() -> list[Case]:
     for n in (1, 31, 32, 33, 3071, 3072):
         cases.append(Case(f"feature-zipf-{n}", zipf_ids(n, 2000, seed=n), 1024, 2000, seed=n))
         cases.append(Case(f"feature-f32-bf16-{n}", uniform_ids(n, 700, seed=n), 771, 700, "float32", "bfloat16", seed=n))
+    # Megatron's vocab-parallel input on a rank of TP = 8: a run of ~7400 zero rows (and a few real
+    # ones) at row 0, whose folds skip the zero partials (ZERO_SKIP_MIN_PARTIALS); and above
+    # FOLD_ROLE_MAX_TOKENS, where the long-run kernel folds.
+    # Rank 1's own row 0 (id V / 8) does not occur in these ids: one masked token in 997 keeps a
+    # nonzero row, so that row 0's folds meet blocks of both kinds too.
+    for n in (8192, 16384):
+        local, zeros, shard = tp_ids(n, 8)
+        zeros = zeros[np.arange(zeros.size) % 997 != 500]
+        cases.append(Case(f"megatron-tp8-{n}", local, 1024, shard, seed=n, zero_positions=zeros))
     cases += [
         Case("feature-padding-3000", zipf_ids(3000, 500, seed=5), 256, 500, padding_idx=0, seed=5),
         # NaN, inf, -0 and subnormal grads through the feature path's bf16 scratch (from BF16_SCRATCH_MIN_TOKENS).

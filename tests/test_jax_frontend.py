@@ -29,7 +29,7 @@ import jax_frontend
 from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, FOLD_ROLE_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
 from embwgrad_core.dtypes import numpy_dtype
 from jax_frontend import embedding_wgrad as ew
-from tests.cases import Case, assert_bits_equal, assert_partials_equal, cpu_cases, gpu_cases, runs_ids, zipf_ids
+from tests.cases import Case, assert_bits_equal, assert_masked_flags, assert_partials_equal, cpu_cases, gpu_cases, masked_arrays, runs_ids, zipf_ids
 
 ON_GPU = jax.default_backend() == "gpu"
 requires_gpu = pytest.mark.skipif(not ON_GPU, reason="needs jax with a GPU backend")
@@ -228,6 +228,51 @@ def test_stages_match_core_plan(route):
 
     expected = reference.accumulate(ids, grad, main_grad, padding_idx=padding_idx, path=path)
     assert_bits_equal(stages.main_grad, expected)
+
+
+
+@pytest.mark.parametrize("zero_rows", [True, False])
+def test_zero_rows_changes_no_bit(zero_rows):
+    """accumulate's zero_rows only decides whether zero partials are skipped: the reference's bits either way."""
+    ids, grad, main_grad = masked_arrays()
+    problem = ew._check(to_jax(ids), to_jax(grad), to_jax(main_grad), None)
+    assert ew._config(problem, SORT, (("interpret", False),), zero_rows=zero_rows).zero_skip == (ew.ZERO_SKIP_MIN_PARTIALS if zero_rows else 0)
+    out = jax_frontend.accumulate(to_jax(ids), to_jax(grad), to_jax(main_grad), zero_rows=zero_rows)
+    assert_bits_equal(np.asarray(out), reference.accumulate(ids, grad, main_grad))
+
+
+def test_zero_rows_must_be_a_bool():
+    ids, grad, main_grad = _good()
+    before = np.asarray(main_grad)
+    with pytest.raises(TypeError, match="zero_rows"):
+        jax_frontend.accumulate(ids, grad, main_grad, zero_rows=1)
+    assert not main_grad.is_deleted()
+    assert_bits_equal(np.asarray(main_grad), before)
+
+#: Each way a long run is folded, for the zero skip (as the torch twin's test): the partials
+#: kernel's folders and the long-run kernel, each with the next batch loaded ahead and batch by batch.
+ZERO_SKIP_ROUTES = {
+    "folders-ahead": (("fold_programs", 2), ("fold_batch", 2)),
+    "folders-batched": (("fold_programs", 2), ("fold_batch", 2), ("fold_ahead", False)),
+    "fold-kernel-ahead": (("fold_programs", 0), ("long_batch", 3)),
+    "fold-kernel-batched": (("fold_programs", 0), ("long_batch", 3), ("long_ahead", False)),
+}
+
+
+@pytest.mark.parametrize("route", ZERO_SKIP_ROUTES)
+def test_zero_partials_skipped_bitwise(route):
+    """Megatron's vocab-parallel input (tests.cases.masked_arrays): the flags say which long-run
+    partials are nonzero in each H block, and main_grad gets the reference's bits though the zero
+    partials are neither stored nor loaded."""
+    ids, grad, main_grad = masked_arrays()
+    ids_j, grad_j, main_j = to_jax(ids), to_jax(grad), to_jax(main_grad)
+    problem = ew._check(ids_j, grad_j, main_j, None)
+    cfg = ew._config(problem, SORT, ZERO_SKIP_ROUTES[route] + (("block_h", 16), ("fold_h", 8), ("long_block_h", 8)), zero_rows=True)
+    assert (cfg.zero_skip, cfg.skip_block) == (2, 4)
+    stages = _stages(ids_j, grad_j, main_j, problem, cfg)
+    assert_bits_equal(np.asarray(stages.main_grad), reference.accumulate(ids, grad, main_grad, path=SORT))
+    flags = np.asarray(stages.flags).reshape(-1, 3)
+    assert_masked_flags(flags, np.asarray(stages.partials), ids, grad, cfg.zero_skip, cfg.skip_block, cfg.block_h)
 
 
 @pytest.mark.parametrize("programs, folders, tail", [(8, 0, 3), (8, 2, 3), (40, 4, 17), (5, 0, 4), (12, 3, 0)])
@@ -659,7 +704,7 @@ def test_gpu_cases_match_core_reference(case: Case):
     main_grad = jax.random.normal(jax.random.key(case.seed), shape, jnp.float32).astype(dtype)
     before = jnp.copy(main_grad)
     rows, new = case.expected_rows(ids, grad, lambda r: np.asarray(before[r]))
-    out = jax_frontend.accumulate(to_jax(ids), to_jax(grad), main_grad, padding_idx=case.padding_idx)
+    out = jax_frontend.accumulate(to_jax(ids), to_jax(grad), main_grad, padding_idx=case.padding_idx, zero_rows=case.zero_positions is not None)
     assert_bits_equal(np.asarray(out[rows]), new, "rows that occur")
     assert_rows_equal_on_device(out, before, skip=rows, what="absent rows")
 

@@ -53,13 +53,13 @@ def test_without_main_grad_it_is_f_embedding(padding_idx):
     _assert_same(weight.grad, theirs.grad, "weight.grad")
 
 
-@pytest.mark.parametrize("padding_idx", [None, 5])
-def test_adds_into_main_grad_over_micro_batches(padding_idx):
+@pytest.mark.parametrize("padding_idx, zero_rows", [(None, False), (5, False), (None, True)])
+def test_adds_into_main_grad_over_micro_batches(padding_idx, zero_rows):
     ids, weight, grad_out, main_grad = _inputs(padding_idx=padding_idx)
     ids2, _, grad_out2, _ = _inputs(seed=1, padding_idx=padding_idx)
     weight.main_grad = main_grad.clone()
     for i, g in ((ids, grad_out), (ids2, grad_out2)):
-        torch_frontend.embedding(i, weight, padding_idx=padding_idx).backward(g)
+        torch_frontend.embedding(i, weight, padding_idx=padding_idx, zero_rows=zero_rows).backward(g)
     expected = _expected(ids2, grad_out2, _expected(ids, grad_out, main_grad, padding_idx), padding_idx)
     _assert_same(weight.main_grad, expected, "main_grad")
     assert weight.grad is None  # without Megatron's flag autograd gets nothing
@@ -109,6 +109,8 @@ def test_bad_input():
         torch_frontend.embedding(ids, weight[0])
     with pytest.raises(ValueError, match="padding_idx"):
         torch_frontend.embedding(ids, weight, padding_idx=V)
+    with pytest.raises(TypeError, match="zero_rows"):
+        torch_frontend.embedding(ids, weight, zero_rows="yes")
     weight.main_grad = main_grad[:, :-1].clone()
     before = weight.main_grad.clone()
     out = torch_frontend.embedding(ids, weight)

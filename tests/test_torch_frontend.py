@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import torch_frontend
 from embwgrad_core import CHUNK, FEATURE, NROWS, SORT, make_plan, reference, torch_path
-from tests.cases import Case, assert_bits_equal, assert_partials_equal, core_checked_on_gpu, cpu_cases, gpu_cases, runs_ids
+from tests.cases import Case, assert_bits_equal, assert_partials_equal, assert_masked_flags, core_checked_on_gpu, cpu_cases, gpu_cases, masked_arrays, runs_ids
 from torch_frontend import embedding_wgrad as ew
 
 HAS_CUDA = torch.cuda.is_available()
@@ -162,7 +162,7 @@ def test_stages_match_core_plan(route):
 
     if path != FEATURE:  # the sort path's plan lists the long runs
         assert_long_runs_listed()
-    partials = ew._partials_stage(device_plan, grad_t, out, problem, cfg)
+    partials, flags = ew._partials_stage(device_plan, grad_t, out, problem, cfg)
     assert_long_runs_listed()  # feature path: listed by the partials kernel; sort path: left as the plan listed them
     sums = reference.partial_sums(plan, grad.reshape(ids.size, -1))
     long = np.isin(plan.partial_run, np.flatnonzero(plan.run_partials > 1))
@@ -170,8 +170,56 @@ def test_stages_match_core_plan(route):
     assert_partials_equal(to_numpy(partials)[plan.partial_rows[long]], sums[long], path, case.grad_dtype)  # (ew._to_scratch)
 
     if cfg.fold_programs == 0:  # else the partials kernel folded the long runs
-        ew._long_runs_stage(device_plan, partials, out, problem, cfg)
+        ew._long_runs_stage(device_plan, partials, flags, out, problem, cfg)
     assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad, path=path))
+
+
+#: Each way a long run is folded, for the zero skip: the partials kernel's folders, the long-run
+#: kernel pipelined (its blocks of nonzero partials) and plain.
+ZERO_SKIP_ROUTES = {
+    "folders": {},
+    "fold-kernel-piped": dict(fold_programs=0, long_stages=3, long_batch=3),
+    "fold-kernel-batched": dict(fold_programs=0, long_stages=0, long_batch=2),
+}
+
+
+@cpu_only
+@pytest.mark.parametrize("route", ZERO_SKIP_ROUTES)
+def test_zero_partials_skipped_bitwise(route):
+    """Megatron's vocab-parallel input (tests.cases.masked_arrays): the flags say which long-run
+    partials are nonzero in each H block, and main_grad gets the reference's bits though the zero
+    partials are neither stored nor loaded."""
+    ids, grad, main_grad = masked_arrays()
+    ids_t, grad_t, out = to_torch(ids), to_torch(grad), to_torch(main_grad)
+    problem = ew._check(ids_t, grad_t, out, None)
+    cfg = dataclasses.replace(ew._config(problem, SORT, True, zero_rows=True), block_h=16, fold_h=8, long_block_h=8, **ZERO_SKIP_ROUTES[route])
+    assert (cfg.zero_skip, cfg.skip_block) == (2, 4)
+    plan = ew._plan_stage(ids_t, problem, cfg)
+    partials, flags = ew._partials_stage(plan, grad_t, out, problem, cfg)
+    if cfg.fold_programs == 0:
+        ew._long_runs_stage(plan, partials, flags, out, problem, cfg)
+    assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad, path=SORT))
+
+    assert_masked_flags(to_numpy(flags), to_numpy(partials), ids, grad, cfg.zero_skip, cfg.skip_block, cfg.block_h)
+
+
+@cpu_only
+@pytest.mark.parametrize("zero_rows", [True, False])
+def test_zero_rows_changes_no_bit(zero_rows):
+    """accumulate's zero_rows only decides whether zero partials are skipped: the reference's bits either way."""
+    assert ew._config(ew._check(*_good(), None), SORT, False, zero_rows=zero_rows).zero_skip == (ew.ZERO_SKIP_MIN_PARTIALS if zero_rows else 0)
+    ids, grad, main_grad = masked_arrays()
+    out = to_torch(main_grad)
+    torch_frontend.accumulate(to_torch(ids), to_torch(grad), out, zero_rows=zero_rows)
+    assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad))
+
+
+def test_zero_rows_must_be_a_bool():
+    ids, grad, main_grad = _good()
+    before = main_grad.clone()
+    with pytest.raises(TypeError, match="zero_rows"):
+        torch_frontend.accumulate(ids, grad, main_grad, zero_rows=1)
+    assert_bits_equal(to_numpy(main_grad), to_numpy(before))
 
 
 @cpu_only
@@ -375,7 +423,7 @@ def test_gpu_bitwise_against_dense_and_core(case: Case):
     ids, grad, ids_t, grad_t, main_grad = gpu_inputs(case)
     expected = dense_reference(ids_t, grad_t, main_grad, case.padding)
     out = main_grad.clone()
-    torch_frontend.accumulate(ids_t, grad_t, out, padding_idx=case.padding_idx)
+    torch_frontend.accumulate(ids_t, grad_t, out, padding_idx=case.padding_idx, zero_rows=case.zero_positions is not None)
     # main_grad holds no -0.0, so the dense path's +0 in absent rows leaves their bits: the
     # whole tensor compares, absent rows included.
     as_int = torch.int16 if out.element_size() == 2 else torch.int32

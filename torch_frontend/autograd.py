@@ -33,9 +33,10 @@ __all__ = ["embedding"]
 
 class _Embedding(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, ids, weight, pad):
+    def forward(ctx, ids, weight, pad, zero_rows):
         ctx.save_for_backward(ids, weight)
         ctx.pad = pad  # padding_idx in [0, V), or -1 for none (normalize_padding_idx)
+        ctx.zero_rows = zero_rows
         return F.embedding(ids, weight)  # padding_idx changes only the backward
 
     @staticmethod
@@ -43,20 +44,20 @@ class _Embedding(torch.autograd.Function):
     def backward(ctx, grad_output):
         ids, weight = ctx.saved_tensors
         if not ctx.needs_input_grad[1]:
-            return None, None, None
+            return None, None, None, None
         main_grad = getattr(weight, "main_grad", None)
         if main_grad is None:
             dense = torch.ops.aten.embedding_dense_backward(grad_output, ids, weight.shape[0], ctx.pad, False)
-            return None, dense, None
-        accumulate(ids, grad_output, main_grad, padding_idx=ctx.pad if ctx.pad >= 0 else None)
+            return None, dense, None, None
+        accumulate(ids, grad_output, main_grad, padding_idx=ctx.pad if ctx.pad >= 0 else None, zero_rows=ctx.zero_rows)
         if not hasattr(weight, "grad_added_to_main_grad"):
-            return None, None, None
+            return None, None, None, None
         weight.grad_added_to_main_grad = True
         make = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
-        return None, make(weight.shape, dtype=weight.dtype, device=weight.device), None
+        return None, make(weight.shape, dtype=weight.dtype, device=weight.device), None, None
 
 
-def embedding(ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None) -> torch.Tensor:
+def embedding(ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None, zero_rows: bool = False) -> torch.Tensor:
     """``F.embedding(ids, weight, padding_idx)`` whose backward adds into ``weight.main_grad``.
 
     Args:
@@ -65,6 +66,8 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None) -> t
         weight: [V, H] parameter. If it has a ``main_grad`` ([V, H], contiguous), the backward
             adds into it (see the module docstring for what autograd then gets).
         padding_idx: as in torch.nn.functional.embedding: that row gets no gradient.
+        zero_rows: passed to ``accumulate``: True for ``VocabParallelEmbedding`` with TP > 1,
+            whose other ranks' tokens have zero gradient rows (same bits, faster).
 
     Returns:
         [*S, H], the rows of weight: ``F.embedding``'s own output.
@@ -77,4 +80,6 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None) -> t
         raise TypeError(f"ids must be an int32 or int64 torch.Tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise ValueError(f"weight must be a 2-D torch.Tensor [V, H], got {getattr(weight, 'shape', type(weight).__name__)}")
-    return _Embedding.apply(ids, weight, normalize_padding_idx(padding_idx, weight.shape[0]))
+    if not isinstance(zero_rows, bool):
+        raise TypeError(f"zero_rows must be a bool, got {type(zero_rows).__name__}")
+    return _Embedding.apply(ids, weight, normalize_padding_idx(padding_idx, weight.shape[0]), zero_rows)

@@ -67,7 +67,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime import driver
 from triton.runtime.interpreter import InterpretedFunction
 
-from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, merge_block, merge_tiles, partial_buffer_rows, torch_path
+from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, merge_block, merge_tiles, partial_buffer_rows, torch_path
 from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args
@@ -686,6 +686,7 @@ def _partials_kernel(
     grad_ptr,  # [*S, H] bf16/fp16/fp32: position p's row at (p // grad_dim1) * grad_stride0 + (p % grad_dim1) * grad_stride1
     main_grad_ptr,  # [V, H] bf16/fp16/fp32, rows main_grad_stride apart
     partials_ptr,  # [partial_buffer_rows, H] out: partial sums of long runs, fp32 or bf16 bits (_to_scratch)
+    flags_ptr,  # SKIP_MIN > 0: int32 [partial_buffer_rows, cdiv(H, BLOCK_H)] out, whether each long-run partial is nonzero (_partial)
     n,  # number of tokens
     hidden,  # H
     max_long_runs,  # entries of the long-run list
@@ -722,6 +723,8 @@ def _partials_kernel(
     SCRATCH_POLICY: tl.constexpr,  # L2 eviction policy of the long runs' partials' stores: "evict_last" or "" (none)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
     FOLD_STAGES: tl.constexpr,  # sort path: > 0, the folders' sums pipelined over this many stages, FOLD_BATCH partials each (_fold_piped)
+    SKIP_MIN: tl.constexpr,  # sort path: runs of this many partials or more flag and skip their zero partials (_fold; 0: none)
+    SKIP_BLOCK: tl.constexpr,  # flags a fold reads at once
 ):
     """Sum every partial over every H block: items (partial, H block), H block fastest.
 
@@ -755,8 +758,8 @@ def _partials_kernel(
         pos0 = tl.load(ws_ptr + _POS * n + s)
         run_start = tl.load(ws_ptr + _RUN_START * n + s)
         _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
-                 main_grad_stride, s, tl.program_id(0) % num_hb, key, pos0, run_start, 0, ws_ptr,
-                 FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY)
+                 main_grad_stride, s, tl.program_id(0) % num_hb, key, pos0, run_start, 0, ws_ptr, flags_ptr,
+                 FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY, 0)
     else:
         group_front = tl.load(ws_ptr + _LONG * n + 3)
         group_back = tl.load(ws_ptr + _LONG * n + 4)
@@ -771,8 +774,8 @@ def _partials_kernel(
         fold_lo = tl.minimum(front * num_hb + fold_lo, step)
         folder = (pid >= fold_lo) & (pid < fold_lo + fold_programs)
         if folder:
-            _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, pid - fold_lo,
-                       fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH, FOLD_STAGES)
+            _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, flags_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, pid - fold_lo,
+                       fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH, FOLD_STAGES, BLOCK_H, SKIP_MIN, SKIP_BLOCK)
         wid = pid - tl.where(pid >= fold_lo + fold_programs, fold_programs, 0)  # this program among the others
         # The last tail_programs programs (they start last) take the last items, one each, so that
         # the kernel ends one item after the steady state rather than a few (NOTES v10); the
@@ -806,8 +809,8 @@ def _partials_kernel(
                 nxt = tl.minimum(w + stride, hi - 1)
                 _prefetch_l1(_record_address(ws_ptr, n, max_long_runs, nxt, num_hb, front, group_front, group_back, group_cap))
             _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
-                     main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals,
-                     FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY)
+                     main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals, flags_ptr,
+                     FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY, SKIP_MIN)
             if PREFETCH:
                 if RECORD_HINT:
                     s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, w + stride, hi, num_hb, front, group_front,
@@ -909,6 +912,7 @@ def _partial(
     run_start,  # its run's first slot
     run_end,  # sort path: one past its run's last slot
     arrivals,  # sort path: the arrival counters, one per slot
+    flags_ptr,  # SKIP_MIN > 0: per long-run partial and H block, whether it is nonzero
     FEATURE_PATH: tl.constexpr,
     SPAN: tl.constexpr,
     CHUNK_SIZE: tl.constexpr,
@@ -916,12 +920,15 @@ def _partial(
     MAIN_ROUNDING: tl.constexpr,
     BLOCK_H: tl.constexpr,
     SCRATCH_POLICY: tl.constexpr,  # L2 eviction policy of the scratch stores: "evict_last" or "" (none)
+    SKIP_MIN: tl.constexpr,  # sort path: a run of this many partials or more flags each (0: none)
 ):
     """The partial that starts at slot s, over H block my_hb (if s starts one): finished, or to the scratch buffer.
 
     Sort path: a long run's partial, once stored, counts itself in the run's
     arrival counter; the CTA barrier and the counter's release atomic publish the stores to the
     long-run kernel, which reads the counter with acquire semantics (as CUTLASS's semaphore).
+    In a run of SKIP_MIN partials or more it also stores its flag: 0 where its sum (of more
+    than one row) is all +0 over the H block, and then it stores no sum (_fold skips it).
     """
     keys_ptr = ws_ptr + _KEYS * n
     pos_ptr = ws_ptr + _POS * n
@@ -974,6 +981,7 @@ def _partial(
             g = tl.load(grad_ptr + grad_row + cols * grad_stride_h, mask=cols < hidden, other=0.0)
             acc = tl.zeros([BLOCK_H], dtype=tl.float32) + g.to(tl.float32)  # 0 + row: -0 becomes +0, as in PyTorch
             gw = acc  # one row: already a value of grad's dtype, so rounding would change nothing
+            nonzero = tl.full((), 1, tl.int32)  # a partial of one row counts as nonzero: no reduction on the copy-add's path
             if nrows > 1:
                 for t in tl.static_range(1, SPAN):
                     take = t < nrows
@@ -982,10 +990,17 @@ def _partial(
                     g = tl.load(grad_ptr + grad_row + cols * grad_stride_h, mask=cols < tl.where(take, hidden, 0), other=0.0)
                     acc += g.to(tl.float32)  # acc is never -0, so adding +0 for a row not taken leaves it
                 gw = _round(acc, GRAD_ROUNDING)
+                if SKIP_MIN > 0:
+                    nonzero = tl.max((acc.to(tl.uint32, bitcast=True) != 0).to(tl.int32), axis=0)  # (columns past H summed +0)
         # A run of one partial: +0 + s (sort path) and +0 + round(s) (feature path) both round to round(s).
         new = _round(old + gw, MAIN_ROUNDING)
         tl.store(main_row + cols, new.to(main_grad_ptr.dtype.element_ty), mask=cols < tl.where(finish, hidden, 0))
-        tl.store(partials_ptr + row.to(tl.int64) * hidden + cols, _to_scratch(acc, gw, partials_ptr), mask=cols < tl.where(in_long_run, hidden, 0),
+        stored = in_long_run
+        if SKIP_MIN > 0:  # (predicated, no branch: a branch here cost 8192 uniform ids 1.2 us, NOTES v29)
+            flagged = in_long_run & (run_end - run_start > (SKIP_MIN - 1) * SPAN)  # a run of SKIP_MIN partials or more
+            tl.store(flags_ptr + row.to(tl.int64) * tl.cdiv(hidden, BLOCK_H) + hb, nonzero, mask=flagged)
+            stored = in_long_run & (nonzero != 0)
+        tl.store(partials_ptr + row.to(tl.int64) * hidden + cols, _to_scratch(acc, gw, partials_ptr), mask=cols < tl.where(stored, hidden, 0),
                  eviction_policy=SCRATCH_POLICY)
         if not FEATURE_PATH:
             if in_long_run:
@@ -1009,66 +1024,124 @@ def _fold_step(acc, part, FEATURE_PATH: tl.constexpr, GRAD_ROUNDING: tl.constexp
 
 @triton.jit
 def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH: tl.constexpr, SPAN: tl.constexpr,
-          GRAD_ROUNDING: tl.constexpr, BATCH: tl.constexpr, CACHE: tl.constexpr, STAGES: tl.constexpr):
+          GRAD_ROUNDING: tl.constexpr, BATCH: tl.constexpr, CACHE: tl.constexpr, STAGES: tl.constexpr, flags_ptr, flag_stride,
+          SKIP_MIN: tl.constexpr, SKIP_BLOCK: tl.constexpr):
     """A long run's partials over these columns, folded in order and rounded to grad's dtype (as fp32).
 
-    BATCH partials' loads are in flight at once, then FOLD_TAIL at a time for the rest; the adds
-    stay one at a time, in order. Past the run's last partial the last one is loaded again
-    (always an address, no predicate, so all of a step's loads issue before its first add) and
-    dropped. Feature path: each partial and each step is rounded, as PyTorch's per-chunk sums
-    are; sort path: the sum is rounded once. STAGES > 0 (sort path only): the same sum as
-    _fold_piped's loop, BATCH partials a stage.
+    _fold_span sums them. SKIP_MIN > 0 (sort path): a run of at least SKIP_MIN partials has a
+    flag per partial at flags_ptr + partial_row * flag_stride (_partial: 0 where the partial is
+    all +0 over these columns' H block, and then not stored), read SKIP_BLOCK at a time. If none
+    is 0 the run is summed as without flags; else a block of zeros adds nothing (the sum is never
+    -0, so adding +0 leaves it) and the other blocks' zero partials are not loaded
+    (ZERO_SKIP_MIN_PARTIALS).
     """
-    if STAGES > 0:
-        tl.static_assert(not FEATURE_PATH, "_fold_piped sums the sort path's partials")
-        return _fold_piped(partials_ptr, run_start, num_partials, hidden, cols, live_h, SPAN, GRAD_ROUNDING, BATCH, STAGES, CACHE)
     acc = tl.zeros(cols.shape, dtype=tl.float32)
-    full = num_partials // BATCH * BATCH
-    for k0 in range(0, full, BATCH):
-        for u in tl.static_range(BATCH):
-            k = tl.minimum(k0 + u, num_partials - 1)  # (always k0 + u: a tensor under the interpreter too)
-            row = _partial_row(run_start, k, FEATURE_PATH, SPAN)
-            part = _from_scratch(tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0, cache_modifier=CACHE))
-            acc = _fold_step(acc, part, FEATURE_PATH, GRAD_ROUNDING)
-    # The rest FOLD_TAIL at a time, so a run pays at most FOLD_TAIL - 1 dropped steps, not
-    # BATCH - 1 (most long runs have a few partials: NOTES v17 item 8).
-    TAIL: tl.constexpr = BATCH if BATCH < FOLD_TAIL else FOLD_TAIL
-    for k0 in range(full, num_partials, TAIL):
-        for u in tl.static_range(TAIL):
-            k = tl.minimum(k0 + u, num_partials - 1)
-            row = _partial_row(run_start, k, FEATURE_PATH, SPAN)
-            part = _from_scratch(tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0, cache_modifier=CACHE))
-            acc = tl.where(k0 + u < num_partials, _fold_step(acc, part, FEATURE_PATH, GRAD_ROUNDING), acc)
+    if SKIP_MIN > 0:
+        tl.static_assert(not FEATURE_PATH, "flags mark the sort path's partials")
+        # First the flags' blocks that hold a 0: with none (a long run of nonzero partials, as in
+        # Zipf ids) the run is summed in one span, its pipeline (STAGES) never restarted.
+        zero_blocks = 0
+        if num_partials >= SKIP_MIN:
+            for k0 in range(0, num_partials, SKIP_BLOCK):
+                zero_blocks += (tl.min(_flags_block(flags_ptr, flag_stride, run_start, k0, num_partials, SPAN, SKIP_BLOCK, 1), axis=0) == 0).to(tl.int32)
+        if zero_blocks == 0:
+            acc = _fold_span(acc, partials_ptr, run_start, 0, num_partials, hidden, cols, live_h, SPAN, GRAD_ROUNDING, BATCH, CACHE,
+                             STAGES, flags_ptr, flag_stride, False, False)
+        else:
+            for k0 in range(0, num_partials, SKIP_BLOCK):
+                k_end = tl.minimum(k0 + SKIP_BLOCK, num_partials)
+                flags = _flags_block(flags_ptr, flag_stride, run_start, k0, num_partials, SPAN, SKIP_BLOCK, 0)
+                if tl.max(flags, axis=0) != 0:  # a block not all zeros: each partial loaded as its flag says
+                    acc = _fold_span(acc, partials_ptr, run_start, k0, k_end, hidden, cols, live_h, SPAN, GRAD_ROUNDING, BATCH, CACHE,
+                                     0, flags_ptr, flag_stride, True, False)
+    else:
+        acc = _fold_span(acc, partials_ptr, run_start, 0, num_partials, hidden, cols, live_h, SPAN, GRAD_ROUNDING, BATCH, CACHE,
+                         STAGES, flags_ptr, flag_stride, False, FEATURE_PATH)
     if not FEATURE_PATH:
         acc = _round(acc, GRAD_ROUNDING)
     return acc
 
 
 @triton.jit
-def _fold_piped(partials_ptr, run_start, num_partials, hidden, cols, live_h, SPAN: tl.constexpr, GRAD_ROUNDING: tl.constexpr,
-                ROWS: tl.constexpr, STAGES: tl.constexpr, CACHE: tl.constexpr):
-    """Sort path: _fold's sum as one loop that Triton's pipeliner takes (num_stages): ROWS partials an
+def _flags_block(flags_ptr, flag_stride, run_start, k0, num_partials, SPAN: tl.constexpr, SKIP_BLOCK: tl.constexpr, PAST: tl.constexpr):
+    """The flags of partials [k0, k0 + SKIP_BLOCK) of the run, one vector load; past its last partial, PAST."""
+    ks = k0 + tl.arange(0, SKIP_BLOCK)
+    return tl.load(flags_ptr + _partial_row(run_start, ks, False, SPAN).to(tl.int64) * flag_stride, mask=ks < num_partials, other=PAST)
+
+
+@triton.jit
+def _fold_span(acc, partials_ptr, run_start, k_lo, k_end, hidden, cols, live_h, SPAN: tl.constexpr, GRAD_ROUNDING: tl.constexpr,
+               BATCH: tl.constexpr, CACHE: tl.constexpr, STAGES: tl.constexpr, flags_ptr, flag_stride, FLAGGED: tl.constexpr,
+               FEATURE_PATH: tl.constexpr):
+    """acc with partials [k_lo, k_end) of a run folded in, in order (feature path: each rounded, as PyTorch's per-chunk sums).
+
+    BATCH partials' loads are in flight at once, then FOLD_TAIL at a time for the rest; the adds
+    stay one at a time, in order. Past k_end the last one is loaded again (always an address,
+    no predicate, so all of a step's loads issue before its first add) and dropped. STAGES > 0
+    (sort path only): the same sum as _fold_piped's loop, BATCH partials a stage. FLAGGED: each
+    partial's load is masked by its flag (_fold), +0 where it is 0.
+    """
+    if STAGES > 0:
+        tl.static_assert(not FEATURE_PATH, "_fold_piped sums the sort path's partials")
+        tl.static_assert(not FLAGGED, "_fold_piped reads no flags")
+        return _fold_piped(acc, partials_ptr, run_start, k_lo, k_end, hidden, cols, live_h, SPAN, BATCH, STAGES, CACHE)
+    full = k_lo + (k_end - k_lo) // BATCH * BATCH
+    for k0 in range(k_lo, full, BATCH):
+        for u in tl.static_range(BATCH):
+            k = tl.minimum(k0 + u, k_end - 1)  # (always k0 + u: a tensor under the interpreter too)
+            part = _load_partial(partials_ptr, run_start, k, hidden, cols, live_h, SPAN, CACHE, flags_ptr, flag_stride, FLAGGED,
+                                 FEATURE_PATH)
+            acc = _fold_step(acc, part, FEATURE_PATH, GRAD_ROUNDING)
+    # The rest FOLD_TAIL at a time, so a run pays at most FOLD_TAIL - 1 dropped steps, not
+    # BATCH - 1 (most long runs have a few partials: NOTES v17 item 8).
+    TAIL: tl.constexpr = BATCH if BATCH < FOLD_TAIL else FOLD_TAIL
+    for k0 in range(full, k_end, TAIL):
+        for u in tl.static_range(TAIL):
+            k = tl.minimum(k0 + u, k_end - 1)
+            part = _load_partial(partials_ptr, run_start, k, hidden, cols, live_h, SPAN, CACHE, flags_ptr, flag_stride, FLAGGED,
+                                 FEATURE_PATH)
+            acc = tl.where(k0 + u < k_end, _fold_step(acc, part, FEATURE_PATH, GRAD_ROUNDING), acc)
+    return acc
+
+
+@triton.jit
+def _load_partial(partials_ptr, run_start, k, hidden, cols, live_h, SPAN: tl.constexpr, CACHE: tl.constexpr, flags_ptr, flag_stride,
+                  FLAGGED: tl.constexpr, FEATURE_PATH: tl.constexpr):
+    """Partial k of the run over these columns, as fp32; FLAGGED: +0 without a load where its flag is 0 (not stored)."""
+    row = _partial_row(run_start, k, FEATURE_PATH, SPAN)
+    if FLAGGED:
+        # cols < (flag ? H : 0), not live_h & flag: the interpreter mistypes scalar & vector masks.
+        live = cols < tl.where(tl.load(flags_ptr + row.to(tl.int64) * flag_stride) != 0, hidden, 0)
+    else:
+        live = live_h
+    return _from_scratch(tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live, other=0, cache_modifier=CACHE))
+
+
+@triton.jit
+def _fold_piped(acc, partials_ptr, run_start, k_lo, k_end, hidden, cols, live_h, SPAN: tl.constexpr, ROWS: tl.constexpr,
+                STAGES: tl.constexpr, CACHE: tl.constexpr):
+    """Sort path: _fold_span's sum as one loop that Triton's pipeliner takes (num_stages): ROWS partials an
     iteration, each copied to shared memory by cp.async STAGES - 1 iterations ahead, so that a long
     run's fold keeps (STAGES - 1) * ROWS partials in flight without registers for them (a fold is
-    one chain of adds; _fold waits for each batch's loads before it asks for the next batch's).
-    Partials past the run's last load as +0: the sum starts at +0 and is never -0, so adding +0
+    one chain of adds; _fold_span waits for each batch's loads before it asks for the next batch's).
+    Partials from k_end on load as +0: the sum starts at +0 and is never -0, so adding +0
     leaves it.
     """
-    acc = tl.zeros(cols.shape, dtype=tl.float32)
-    for k0 in tl.range(0, num_partials, ROWS, num_stages=STAGES):
+    for k0 in tl.range(k_lo, k_end, ROWS, num_stages=STAGES):
         for u in tl.static_range(ROWS):
-            k = tl.minimum(k0 + u, num_partials)  # (a tensor under the interpreter too; past the last, masked)
+            k = tl.minimum(k0 + u, k_end)  # (a tensor under the interpreter too; from k_end on, masked)
             row = _partial_row(run_start, k, False, SPAN)
-            live = cols < tl.where(k < num_partials, hidden, 0)
+            live = cols < tl.where(k < k_end, hidden, 0)
             acc += _from_scratch(tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live & live_h, other=0,
                                          cache_modifier=CACHE))
-    return _round(acc, GRAD_ROUNDING)
+    return acc
 
 
 @triton.jit(noinline=True)
-def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, fid, folders,
+def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, flags_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, fid, folders,
                SPAN: tl.constexpr, GRAD_ROUNDING: tl.constexpr, MAIN_ROUNDING: tl.constexpr, FOLD_H: tl.constexpr,
-               FOLD_BATCH: tl.constexpr, FOLD_STAGES: tl.constexpr):
+               FOLD_BATCH: tl.constexpr, FOLD_STAGES: tl.constexpr, BLOCK_H: tl.constexpr, SKIP_MIN: tl.constexpr,
+               SKIP_BLOCK: tl.constexpr):
     """Sort path, inside _partials_kernel: fold the listed long runs, (run, FOLD_H columns) items strided by `folders` programs.
 
     Each item waits until all the run's partials have arrived (num_partials * num_hb items of
@@ -1092,7 +1165,7 @@ def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, n, hidden, main_grad_stride,
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         _wait_for(arrivals + run_start, num_partials * num_hb)
         acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, False, SPAN, GRAD_ROUNDING, FOLD_BATCH, ".cg",
-                    FOLD_STAGES)
+                    FOLD_STAGES, flags_ptr + (f % chunks) * FOLD_H // BLOCK_H, num_hb, SKIP_MIN, SKIP_BLOCK)
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
 
 
@@ -1106,6 +1179,7 @@ def _long_runs_kernel(
     main_grad_stride,
     max_long_runs,  # entries of the long-run list
     partial_hb,  # sort path: H blocks of _partials_kernel (arrivals per partial)
+    flags_ptr,  # SKIP_MIN > 0: int32, per long-run partial and H block of _partials_kernel, nonzero or not (_partial)
     FEATURE_PATH: tl.constexpr,
     SPAN: tl.constexpr,
     GRAD_ROUNDING: tl.constexpr,
@@ -1114,6 +1188,9 @@ def _long_runs_kernel(
     BATCH: tl.constexpr,  # partials loaded per step
     PDL: tl.constexpr,  # launched with programmatic dependent launch
     STAGES: tl.constexpr,  # sort path: > 0, the sums pipelined over this many stages, BATCH partials each (_fold_piped); feature path: 0
+    PARTIAL_BLOCK_H: tl.constexpr,  # _partials_kernel's BLOCK_H (a multiple of BLOCK_H)
+    SKIP_MIN: tl.constexpr,  # sort path: runs of this many partials or more skip their zero partials (_fold; 0: none)
+    SKIP_BLOCK: tl.constexpr,
 ):
     """Fold each listed run's partials in order, round, add to main_grad; programs stride the list.
 
@@ -1137,7 +1214,8 @@ def _long_runs_kernel(
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         if early:  # this run's partials are in once its arrival counter is full
             _wait_for(arrivals + run_start, num_partials * partial_hb)
-        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "", STAGES)
+        acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "", STAGES,
+                    flags_ptr + tl.program_id(1) * BLOCK_H // PARTIAL_BLOCK_H, partial_hb, SKIP_MIN, SKIP_BLOCK)
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
     if early:
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
@@ -1190,6 +1268,8 @@ class _Config:
     count_aggregate: bool  # merge sort with lone tokens: one atomic per group of equal keys in the count (COUNT_AGGREGATE)
     fold_stages: int  # sort path: > 0, the folders' sums pipelined over this many stages, fold_batch partials each (_fold_piped)
     long_stages: int  # sort path: the same for _long_runs_kernel, long_batch partials each (LONG_FOLD)
+    zero_skip: int  # sort path: runs of this many partials or more skip their zero partials (ZERO_SKIP_MIN_PARTIALS; 0: none)
+    skip_block: int  # their flags read at once (ZERO_SKIP_BLOCK)
 
 
 @lru_cache(maxsize=None)
@@ -1200,8 +1280,8 @@ def _device_traits(device_index: int) -> tuple[int, bool]:
 
 
 @lru_cache(maxsize=256)
-def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: bool = False) -> _Config:
-    """The launch parameters for a GPU of sms SMs; the measured choices are in benchmarks/NOTES.md."""
+def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: bool = False, zero_rows: bool = False) -> _Config:
+    """The launch parameters for a GPU of sms SMs (zero_rows: accumulate's); the measured choices are in benchmarks/NOTES.md."""
     n, hidden = problem.num_tokens, problem.hidden
     feature = path == FEATURE
     block_h = min(1024, triton.next_power_of_2(hidden))
@@ -1255,6 +1335,9 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         count_aggregate=COUNT_AGGREGATE,
         fold_stages=0,
         long_stages=0 if feature else LONG_FOLD[0],
+        # The interpreter's tests are small: there runs of 2 partials or more, 4 flags a block.
+        zero_skip=0 if feature or not zero_rows else 2 if interpret else ZERO_SKIP_MIN_PARTIALS,
+        skip_block=4 if interpret else ZERO_SKIP_BLOCK,
     )
 
 
@@ -1338,7 +1421,7 @@ class _Replay:
 _CALLS = {}  # _call_key -> _Replay
 
 
-def _call_key(ids, grad, main_grad, problem: Problem, path: str):
+def _call_key(ids, grad, main_grad, problem: Problem, path: str, zero_rows: bool = False):
     """Everything that decides which kernels a call launches and how Triton specialises them.
 
     Triton specialises integer arguments (all derived from problem and grad's shape and
@@ -1348,6 +1431,7 @@ def _call_key(ids, grad, main_grad, problem: Problem, path: str):
     return (
         problem,
         path,
+        zero_rows,
         main_grad.device.index,
         ids.dtype,
         ids.data_ptr() % 16,
@@ -1519,6 +1603,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         raise ValueError(f"bf16_scratch needs the feature path and a bf16 grad, got {cfg.path} and {problem.grad_dtype}")
     partials = launch.empty(partial_buffer_rows(n, cfg.path), hidden, dtype=torch.int16 if cfg.bf16_scratch else torch.float32,
                             device=main_grad.device)
+    flags = _flags(partials, cfg, launch)
     items = n * triton.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
     folders = cfg.fold_programs
     programs = items if cfg.path == FEATURE else min(items, cfg.partial_programs) + folders
@@ -1530,7 +1615,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
     launch(
         _partials_kernel,
         (lone_programs + programs,),
-        (plan.workspace, grad, main_grad, partials, n, hidden, cfg.max_long_runs, fold_lo, folders, plan.group_cap,
+        (plan.workspace, grad, main_grad, partials, flags, n, hidden, cfg.max_long_runs, fold_lo, folders, plan.group_cap,
          min(cfg.tail_programs, programs - folders - 1), *first_rows, *lone_args, *strides, grad.stride(-1), main_grad.stride(0)),
         cfg.partial_warps,
         pdl=cfg.pdl,
@@ -1550,18 +1635,28 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         LONE=lone,
         SCRATCH_POLICY="evict_last" if cfg.scratch_evict_last else "",
         FOLD_STAGES=cfg.fold_stages,
+        SKIP_MIN=cfg.zero_skip,
+        SKIP_BLOCK=cfg.skip_block,
     )
-    return partials
+    return partials, flags
 
 
-def _long_runs_stage(plan: _Plan, partials, main_grad, problem: Problem, cfg: _Config, launch=None) -> None:
+def _flags(partials, cfg: _Config, launch) -> torch.Tensor:
+    """Sort path with zero_skip: int32 [partial rows, H blocks], whether each long-run partial is nonzero (never
+    read before written); else a placeholder the kernels never touch."""
+    if not cfg.zero_skip:
+        return partials
+    return launch.empty(partials.shape[0], triton.cdiv(partials.shape[1], cfg.block_h), dtype=torch.int32, device=partials.device)
+
+
+def _long_runs_stage(plan: _Plan, partials, flags, main_grad, problem: Problem, cfg: _Config, launch=None) -> None:
     """Stage 4: fold the partials of every long run in order and add the result to main_grad."""
     launch = launch or _Launcher()
     launch(
         _long_runs_kernel,
         (cfg.long_programs, triton.cdiv(problem.hidden, cfg.long_block_h)),
         (plan.workspace, partials, main_grad, problem.num_tokens, problem.hidden, main_grad.stride(0), cfg.max_long_runs,
-         triton.cdiv(problem.hidden, cfg.block_h)),
+         triton.cdiv(problem.hidden, cfg.block_h), flags),
         cfg.long_warps,
         pdl=cfg.pdl,
         FEATURE_PATH=cfg.path == FEATURE,
@@ -1571,26 +1666,29 @@ def _long_runs_stage(plan: _Plan, partials, main_grad, problem: Problem, cfg: _C
         BLOCK_H=cfg.long_block_h,
         BATCH=cfg.long_batch,
         STAGES=cfg.long_stages,
+        PARTIAL_BLOCK_H=cfg.block_h,
+        SKIP_MIN=cfg.zero_skip,
+        SKIP_BLOCK=cfg.skip_block,
     )
 
 
-def _launch(ids, grad, main_grad, problem: Problem, path: str) -> None:
+def _launch(ids, grad, main_grad, problem: Problem, path: str, zero_rows: bool = False) -> None:
     """All four stages: ids [n] (flattened), grad [*S, H] (strides allowed), main_grad [V, H]."""
     interpret = _interpreting()
-    key = None if interpret else _call_key(ids, grad, main_grad, problem, path)
+    key = None if interpret else _call_key(ids, grad, main_grad, problem, path, zero_rows)
     replay = _CALLS.get(key)
     if replay is not None:
         replay(ids, grad, main_grad)
         return
-    cfg = _config(problem, path, interpret, *((4, False) if interpret else _device_traits(main_grad.device.index)))
+    cfg = _config(problem, path, interpret, *((4, False) if interpret else _device_traits(main_grad.device.index)), zero_rows=zero_rows)
     copy_grad = _position_strides(grad) is None
     if copy_grad:  # more than two strided position dimensions: one copy (here, so that a replay knows)
         grad = grad.contiguous()
     launch = _Launcher()
     plan = _plan_stage(ids, problem, cfg, launch)
-    partials = _partials_stage(plan, grad, main_grad, problem, cfg, launch, ids)
+    partials, flags = _partials_stage(plan, grad, main_grad, problem, cfg, launch, ids)
     if cfg.fold_programs == 0:  # else the partials kernel folded the long runs
-        _long_runs_stage(plan, partials, main_grad, problem, cfg, launch)
+        _long_runs_stage(plan, partials, flags, main_grad, problem, cfg, launch)
     if key is not None and cfg.sort != "torch":
         try:
             _CALLS[key] = _Replay(launch, ids, grad, main_grad, copy_grad)
@@ -1661,7 +1759,7 @@ def can_accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tenso
 
 
 @torch.compiler.disable  # under torch.compile a graph break: run as is, not traced (0.8 us of host time eagerly)
-def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *, padding_idx=None) -> None:
+def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *, padding_idx=None, zero_rows: bool = False) -> None:
     """main_grad += embedding_dense_backward(grad, ids), in place, with PyTorch CUDA's bits.
 
     Args:
@@ -1670,6 +1768,11 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
             strides (for example [s, b, H] storage seen as [b, s, H]).
         main_grad: [V, H] float32, bfloat16 or float16, contiguous; updated in place.
         padding_idx: as in torch.nn.functional.embedding: that row gets nothing.
+        zero_rows: True where many of grad's rows are zero, as Megatron's vocab-parallel lookup
+            makes them on a rank of TP > 1 (the other ranks' tokens, all looked up as id 0): the
+            partial sums of ten zero rows are then neither stored nor folded (about 35% off such
+            a call on the H200, at some cost to calls without zero rows; benchmarks/NOTES.md v29).
+            Only the speed changes: the bits are the same either way.
 
     Only the rows of ids are read and written: rows of ids that do not occur, of
     padding_idx, and of ids outside [0, V) (which are skipped, not checked: a check would
@@ -1682,13 +1785,15 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
     Raises TypeError or ValueError, naming the argument, before main_grad is touched.
     """
     problem = _check(ids, grad, main_grad, padding_idx)
+    if not isinstance(zero_rows, bool):
+        raise TypeError(f"zero_rows must be a bool, got {type(zero_rows).__name__}")
     if problem.num_tokens == 0 or problem.hidden == 0:
         return
     path = torch_path(problem.num_tokens)
     if _uses_kernels(main_grad.device):
         other_device = main_grad.is_cuda and main_grad.device.index != torch.cuda.current_device()
         with torch.cuda.device(main_grad.device) if other_device else contextlib.nullcontext():
-            _launch(ids if ids.dim() == 1 else ids.reshape(-1), grad, main_grad, problem, path)
+            _launch(ids if ids.dim() == 1 else ids.reshape(-1), grad, main_grad, problem, path, zero_rows)
     elif main_grad.device.type == "cpu":
         _accumulate_reference(ids, grad, main_grad, problem)
     else:
