@@ -32,6 +32,9 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
    fold each run once its partials are in (``_fold_item``); no fourth kernel follows.
 4. Otherwise ``_long_runs_kernel`` folds each listed run's partials in order, rounds, adds to
    main_grad.
+5. With accumulate's zero_rows (sort path, as the torch twin): partials of more than one row in
+   runs of at least ZERO_SKIP_MIN_PARTIALS partials flag whether they are nonzero per H block
+   and, where not, store nothing; the folds skip them (_fold). Exact, since a sum from +0 is never -0.
 
 No atomics touch floating-point data; the atomics count records, long runs and arrivals, whose
 order changes no bit. bf16 rounding is integer bit operations (as in the torch kernels), so both

@@ -39,6 +39,9 @@ synchronisation:
 4. Otherwise ``_long_runs_kernel`` folds each listed run's partials in order, rounds, adds to
    main_grad. Sort path with PDL: its programs start while the partials kernel drains; those
    without a run exit at once, the others wait on their run's arrival counter.
+5. With accumulate's zero_rows (sort path): partials of more than one row in runs of at least
+   ZERO_SKIP_MIN_PARTIALS partials flag whether they are nonzero per H block and, where not,
+   store nothing; the folds skip them (_fold). Exact, since a sum from +0 is never -0.
 
 No atomics touch floating-point data: every sum's order is PyTorch's. The atomics count
 integers (records, the long-run list, arrivals), whose order changes no bit. Rounding to bf16
