@@ -40,13 +40,23 @@ def tp_inputs(n: int, tp: int):
     return local, inside, shard
 
 
+def torch_inputs(n: int, tp: int):
+    """(local ids, bf16 grad with the other ranks' rows zeroed, main_grad [V / TP, H], in-shard mask) on the GPU."""
+    import torch
+
+    local, inside, shard = tp_inputs(n, tp)
+    torch.manual_seed(n)
+    grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
+    grad[torch.from_numpy(~inside).cuda()] = 0  # Megatron zeroes the other ranks' tokens
+    return torch.from_numpy(local).cuda(), grad, torch.randn(shard, REAL_H, device="cuda"), local, inside
+
+
 def points():
     spec = os.environ.get("PROBE_POINTS", "4096:8,8192:8,8192:2,16384:8,32768:8")
     return [(int(p.split(":")[0]), int(p.split(":")[1])) for p in spec.split(",")]
 
 
 def run_torch(names):
-    import torch
     from bench_torch import config_overrides, copy_bandwidth, dense, dense_expected, graph_ms, same_bits
     from probe_calls import VARIANTS
 
@@ -56,12 +66,7 @@ def run_torch(names):
     pts = points()
     results = {}
     for n, tp in pts:
-        local, inside, shard = tp_inputs(n, tp)
-        torch.manual_seed(n)
-        grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
-        grad[torch.from_numpy(~inside).cuda()] = 0  # Megatron zeroes the other ranks' tokens
-        main_grad = torch.randn(shard, REAL_H, device="cuda")
-        ids = torch.from_numpy(local).cuda()
+        ids, grad, main_grad, local, inside = torch_inputs(n, tp)
         expected = dense_expected(ids, grad, main_grad)
         top = np.bincount(local).max()
         print(f"n={n} TP={tp}: {inside.sum()} tokens in the shard, {np.unique(local).size} rows, longest run {top}", flush=True)
@@ -85,19 +90,13 @@ def run_torch(names):
 def run_stages():
     """Each stage alone in its own CUDA graph (no PDL between them), the long runs folded by the
     long-run kernel (fold_programs 0): plan, partials (without folds), folds; then the whole call."""
-    import torch
     from bench_torch import config_overrides, graph_ms
 
     import torch_frontend
     from torch_frontend import embedding_wgrad as ew
 
     for n, tp in points():
-        local, inside, shard = tp_inputs(n, tp)
-        torch.manual_seed(n)
-        grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
-        grad[torch.from_numpy(~inside).cuda()] = 0
-        main_grad = torch.randn(shard, REAL_H, device="cuda")
-        ids = torch.from_numpy(local).cuda()
+        ids, grad, main_grad, _, _ = torch_inputs(n, tp)
         for fields in ({"fold_programs": 0}, {"fold_programs": 0, "long_block_h": 32, "long_batch": 128}):
             with config_overrides(**fields):
                 problem = ew._check(ids, grad, main_grad, None)

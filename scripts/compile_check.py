@@ -61,21 +61,26 @@ def variants():
     # Scratch: fp32, or bf16 bits in int16 on the feature path with bf16 grads (ew._Config.bf16_scratch).
     scratches = [(f, g, m, "fp32") for f, g, m in itertools.product((True, False), DTYPES, DTYPES)]
     scratches += [(True, g, m, "i16") for g, m in itertools.product(DTYPES, DTYPES) if DTYPES[g] == "bf16"]
-    for feature, grad, main, scratch in scratches:
+    # The sort path with and without accumulate's zero_rows (flags, _Config.zero_skip); with them
+    # only for bf16 grads into fp32 main_grad: the flags' code does not depend on the dtypes.
+    runs = [(f, g, m, sc, 0) for f, g, m, sc in scratches]
+    runs += [(False, 1, 0, "fp32", ew.ZERO_SKIP_MIN_PARTIALS)]  # (DTYPES codes: bf16 grad, fp32 main_grad)
+    for feature, grad, main, scratch, skip_min in runs:
         span = CHUNK if feature else NROWS
         common = {"PDL": True, "FEATURE_PATH": feature, "SPAN": span, "GRAD_ROUNDING": grad, "MAIN_ROUNDING": main}
-        skip = {"SKIP_MIN": 0 if feature else ew.ZERO_SKIP_MIN_PARTIALS, "SKIP_BLOCK": ew.ZERO_SKIP_BLOCK}  # as _config
+        skip = {"SKIP_MIN": skip_min, "SKIP_BLOCK": ew.ZERO_SKIP_BLOCK}
+        tag = f"feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]} scratch={scratch}" + (" zero_rows" if skip_min else "")
         types = {"grad_ptr": "*" + DTYPES[grad], "main_grad_ptr": "*" + DTYPES[main], "partials_ptr": "*" + scratch, "ids_ptr": "*i64"}
         types.update({k: "i64" for k in ("grad_stride0", "grad_stride1", "grad_stride_h", "main_grad_stride")})
         yield (
-            f"partials feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]} scratch={scratch}",
+            f"partials {tag}",
             ew._partials_kernel,
             types,
             {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT, "FOLD_H": 256, "FOLD_BATCH": 16,
              "PREFETCH_L2": not feature, "LONE": not feature, "SCRATCH_POLICY": "" if feature else "evict_last", "FOLD_STAGES": 0, **skip},
         )
         yield (
-            f"long_runs feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]} scratch={scratch}",
+            f"long_runs {tag}",
             ew._long_runs_kernel,
             types,
             {**common, "BLOCK_H": 128, "BATCH": 32 if feature else ew.LONG_FOLD[1], "STAGES": 0 if feature else ew.LONG_FOLD[0],

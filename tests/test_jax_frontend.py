@@ -230,7 +230,6 @@ def test_stages_match_core_plan(route):
     assert_bits_equal(stages.main_grad, expected)
 
 
-
 @pytest.mark.parametrize("zero_rows", [True, False])
 def test_zero_rows_changes_no_bit(zero_rows):
     """accumulate's zero_rows only decides whether zero partials are skipped: the reference's bits either way."""
@@ -248,6 +247,7 @@ def test_zero_rows_must_be_a_bool():
         jax_frontend.accumulate(ids, grad, main_grad, zero_rows=1)
     assert not main_grad.is_deleted()
     assert_bits_equal(np.asarray(main_grad), before)
+
 
 #: Each way a long run is folded, for the zero skip (as the torch twin's test): the partials
 #: kernel's folders and the long-run kernel, each with the next batch loaded ahead and batch by batch.
