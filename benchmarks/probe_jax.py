@@ -87,19 +87,30 @@ VARIANTS = {
 
 
 def graph(key, main_grad):
-    """The command-buffer jit against the plain one, with four grad arrays taken in turn."""
-    for n, dist in [(1024, "uniform"), (4096, "uniform"), (8192, "zipf")]:
+    """The command-buffer jit against the plain one (XLA's own launches), with the same grad every
+    call (as bench_jax) and with four grad arrays taken in turn (as in training, where XLA must
+    update the command buffer's arguments); each twice, alternating. PROBE_POINTS picks the points."""
+    points = probe_points([(1024, "uniform"), (1024, "zipf"), (4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform")])
+    names = [f"{jit} {grads}" for grads in ("same grad", "fresh grads") for jit in ("plain jit", "command buffer")]
+    results = {}
+    for n, dist in points:
         grads = [jax.random.normal(jax.random.fold_in(key, n + r), (n, REAL_H), jnp.float32).astype(jnp.bfloat16) for r in range(4)]
         ids = jnp.asarray(ids_for(dist, n, REAL_V), jnp.int32)
-        for name, fn in (("plain jit", ew._accumulate), ("command buffer", ew._accumulate_alone)) * 2:
+        for name in names * 2:
+            fn = ew._accumulate_alone if "command" in name else ew._accumulate
             turn = [0]
 
-            def step(mg, fn=fn, turn=turn):
-                turn[0] += 1
+            def step(mg, fn=fn, turn=turn, fresh="fresh" in name):
+                turn[0] += fresh
                 return fn(ids, grads[turn[0] % 4], mg)
 
             ms, main_grad = chain_ms(step, main_grad)
-            print(f"n={n:6d} {dist:7s} {name:15s} fresh grads: {ms * 1e3:.1f} us", flush=True)
+            results.setdefault((n, dist, name), []).append(ms * 1e3)
+            print(f"n={n:6d} {dist:7s} {name:26s}: {ms * 1e3:.1f} us", flush=True)
+    print("| us per call (two chains) | " + " | ".join(f"{n} {d}" for n, d in points) + " |")
+    print("|---" * (len(points) + 1) + "|")
+    for name in names:
+        print(f"| {name} | " + " | ".join(" / ".join(f"{v:.1f}" for v in results[(n, d, name)]) for n, d in points) + " |")
 
 
 def dispatch(key, main_grad):

@@ -531,10 +531,13 @@ def _merge_rank_kernel(
     c = tl.arange(0, NUM_BLOCKS)
     c_len = tl.minimum(tl.maximum(n - c * BLOCK, 0), BLOCK)[None, :]
     c_keys = ws_ptr + _AUX * n + (c * BLOCK)[None, :]
+    # Each search keeps only its lower end lo (the keys before it are < key, or <= key) and knows
+    # the count lies in [lo, lo + w], w the window (or BLOCK): a probe at lo + s - 1 adds s to lo
+    # or not, for s = w / 2, ..., 1, and a last probe at lo adds 1. As many probes as a binary
+    # search of [lo, hi] (log2(w) + 1), with fewer instructions (no midpoint, no upper end): the
+    # merge is bound by its chains of dependent instructions (benchmarks/NOTES.md v12 item 2, v30).
     lo_lt = tl.zeros([BLOCK_U, NUM_BLOCKS], dtype=tl.int32)  # -> keys < key in block c
-    hi_lt = lo_lt + c_len
     lo_le = lo_lt  # -> keys <= key in block c
-    hi_le = hi_lt
     if WINDOW > 0:
         # Each block's windows of WINDOW keys, by their last keys (one round trip for all): the
         # windows whose last key is < key (<= key) hold only keys < key (<= key), so the search
@@ -544,17 +547,14 @@ def _merge_rank_kernel(
             sample = tl.load(c_keys + last, mask=last < c_len, other=_INT32_MAX)
             lo_lt += (sample < key[:, None]).to(tl.int32) * WINDOW
             lo_le += (sample <= key[:, None]).to(tl.int32) * WINDOW
-        hi_lt = tl.minimum(lo_lt + WINDOW, c_len)
-        hi_le = tl.minimum(lo_le + WINDOW, c_len)
-    for _ in tl.static_range(STEPS):
-        mid_lt = (lo_lt + hi_lt) // 2
-        mid_le = (lo_le + hi_le) // 2
-        below_lt = tl.load(c_keys + mid_lt, mask=mid_lt < c_len, other=_INT32_MAX) < key[:, None]
-        below_le = tl.load(c_keys + mid_le, mask=mid_le < c_len, other=_INT32_MAX) <= key[:, None]
-        lo_lt = tl.where(below_lt, mid_lt + 1, lo_lt)
-        hi_lt = tl.where(below_lt, hi_lt, mid_lt)
-        lo_le = tl.where(below_le, mid_le + 1, lo_le)
-        hi_le = tl.where(below_le, hi_le, mid_le)
+    for t in tl.static_range(STEPS - 1):
+        s = (WINDOW if WINDOW > 0 else BLOCK) >> (t + 1)
+        at_lt = lo_lt + (s - 1)
+        at_le = lo_le + (s - 1)
+        lo_lt += tl.where(tl.load(c_keys + at_lt, mask=at_lt < c_len, other=_INT32_MAX) < key[:, None], s, 0)
+        lo_le += tl.where(tl.load(c_keys + at_le, mask=at_le < c_len, other=_INT32_MAX) <= key[:, None], s, 0)
+    lo_lt += (tl.load(c_keys + lo_lt, mask=lo_lt < c_len, other=_INT32_MAX) < key[:, None]).to(tl.int32)
+    lo_le += (tl.load(c_keys + lo_le, mask=lo_le < c_len, other=_INT32_MAX) <= key[:, None]).to(tl.int32)
     earlier_block = c[None, :] < own[:, None]
     later_block = c[None, :] > own[:, None]
     slot = u - own * BLOCK + tl.sum(tl.where(earlier_block, lo_le, tl.where(later_block, lo_lt, 0)), axis=1)
