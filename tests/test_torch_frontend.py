@@ -174,6 +174,17 @@ def test_stages_match_core_plan(route):
     assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad, path=path))
 
 
+@cpu_only
+@pytest.mark.parametrize("changes", [dict(merge_block=24, merge_tile=24), dict(merge_block=32, merge_tile=32, merge_window=12)])
+def test_merge_search_spans_must_be_powers_of_two(changes):
+    """The merge's searches halve their block or window (_merge_rank_kernel): other sizes are refused."""
+    ids_t, grad_t, out = (to_torch(a) for a in Case("stages", runs_ids((3,) * 20, 1000, seed=3), 8, 1000, path=SORT, padding_idx=None).arrays())
+    problem = ew._check(ids_t, grad_t, out, None)
+    cfg = dataclasses.replace(ew._config(problem, SORT, True), sort="merge", merge_blocks=4, merge_u=16, **changes)
+    with pytest.raises(ValueError, match="powers of two"):
+        ew._plan_stage(ids_t, problem, cfg)
+
+
 #: Each way a long run is folded, for the zero skip: the partials kernel's folders, the long-run
 #: kernel pipelined (its blocks of nonzero partials) and plain.
 ZERO_SKIP_ROUTES = {

@@ -1527,6 +1527,8 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
         merge_programs = triton.cdiv(n, cfg.merge_u)
         block_i = min(cfg.merge_block, cfg.merge_block_i)
         window = cfg.merge_window if 0 < cfg.merge_window < cfg.merge_block else 0
+        if any(w & (w - 1) for w in (cfg.merge_block, window)):  # the searches halve a power of two (_merge_rank_kernel)
+            raise ValueError(f"merge_block ({cfg.merge_block}) and merge_window ({window}) must be powers of two")
         launch(
             _block_sort_kernel,
             (triton.cdiv(n, cfg.merge_block), cfg.merge_block // block_i),
