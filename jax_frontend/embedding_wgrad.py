@@ -314,8 +314,8 @@ def _merge_rank_kernel(
     k = key[None, :]
 
     # Searches of [lo, hi]. The torch twin keeps only lo (a probe at lo + s - 1 adds s or not): in
-    # JAX that form measured 1.3 us faster at 16384 tokens but 1.5-2.5 us slower at 32768 and even
-    # at 4096-8192 (H200, benchmarks/NOTES.md v30), so this one stays.
+    # JAX that form measured 1.3 us faster at 16384 tokens, 1.5-2.5 us slower at 32768 and within
+    # noise at 4096-8192 (H200, benchmarks/NOTES.md v30), so this one stays.
     def halve(_, bounds):  # lo_lt -> keys < key in block c, lo_le -> keys <= key in block c
         lo_lt, hi_lt, lo_le, hi_le = bounds
         mid_lt = (lo_lt + hi_lt) // 2
