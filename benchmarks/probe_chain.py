@@ -1,4 +1,4 @@
-"""Long runs summed as chains, without scratch (NOTES v22).
+"""Long runs summed as chains, without scratch (NOTES v22; pipelined, v31).
 
 The sort path sums a long run's partials (NROWS rows each) in parallel, stores them to a
 scratch buffer and folds them in order. This probe asks whether a long run can instead be
@@ -14,6 +14,15 @@ place. Variants (W, G, chains only, short runs only, L1 prefetch of the next ste
 are given as "w64 g4", "w64 g4 chains", "w64 g4 short", "w64 g4 hot", "w64 g4 pf" (the pf prefetch
 covers the next step's G * 10 positions: two lines before session 23, whatever G). The combined kernel's bits
 are checked against the dense path for each variant.
+
+Pipelined chains ("p64 s8", also with "chains", "hot", "short"): the chain's loop goes through
+Triton's pipeliner (num_stages S: the rows S - 1 iterations ahead copied into shared memory by
+cp.async, no registers held for them), "g2": two partials an iteration (default one); "q64 s4": each
+partial's rows as one [W, 16] tile, split into rows, instead of five [W, 2] tiles (NOTES v31).
+
+The long runs' partials alone, stored to scratch, no fold (NOTES v31 item 4): "rpart" (the
+frontend's (partial, 1024 columns) item) against "pseg64 s4 P16" (segments of P partials over W
+columns through the pipeliner), 12 resident programs per SM or "k8" etc.
 
 Segmented chains ("w64 g0 seg16", "w64 g0 seg16 chains"): a long run is cut into segments of at most P
 partials; each (segment, W columns) program sums its partials into registers (no wait), then waits for
@@ -66,6 +75,125 @@ def _chain(grad_ptr, main_ptr, pos_ptr, start, length, key, col0, hidden, W: tl.
         for g in tl.static_range(G):
             t = _fold_in(t, _p10(grad_ptr, pos_ptr, start, r0, length, g, hidden, cols, live, W), g, r0, length)
     _add_to_row(main_ptr + key.to(tl.int64) * hidden, cols, live, _round(t, 1), 0)
+
+
+@triton.jit
+def _halves(x, W: tl.constexpr, K: tl.constexpr):
+    """x [W, 2K] -> (x[:, 0::2], x[:, 1::2])."""
+    return tl.split(tl.reshape(x, [W, K, 2]))
+
+
+@triton.jit
+def _add10(s, grad_ptr, pos_ptr, start, r, length, cols, live, hidden, W: tl.constexpr, TILE16: tl.constexpr):
+    """s plus rows r .. r + 9 of the run (those below length), one at a time in position order.
+    A masked row adds +0, which leaves s as it is (s starts at +0, so it is never -0)."""
+    if TILE16:  # one [16] position load and one [W, 16] tile, split into rows (bit-reversed halves)
+        k = tl.arange(0, 16)
+        i = r + k
+        ok = (k < 10) & (i < length)
+        p = tl.load(pos_ptr + start + i, mask=ok, other=0)
+        tile = tl.load(grad_ptr + p[None, :].to(tl.int64) * hidden + cols[:, None], mask=live[:, None] & ok[None, :], other=0.0)
+        x0, x1 = _halves(tile.to(tl.float32), W, 8)  # j even, j odd
+        x00, x01 = _halves(x0, W, 4)  # j = 4k, 4k + 2
+        x10, x11 = _halves(x1, W, 4)  # j = 4k + 1, 4k + 3
+        x000, x001 = _halves(x00, W, 2)  # j = 8k, 8k + 4
+        x010, x011 = _halves(x01, W, 2)  # j = 8k + 2, 8k + 6
+        x100, x101 = _halves(x10, W, 2)  # j = 8k + 1, 8k + 5
+        x110, x111 = _halves(x11, W, 2)  # j = 8k + 3, 8k + 7
+        r0, r8 = tl.split(x000)
+        r4, r12 = tl.split(x001)
+        r2, r10 = tl.split(x010)
+        r6, r14 = tl.split(x011)
+        r1, r9 = tl.split(x100)
+        r5, r13 = tl.split(x101)
+        r3, r11 = tl.split(x110)
+        r7, r15 = tl.split(x111)
+        s += r0
+        s += r1
+        s += r2
+        s += r3
+        s += r4
+        s += r5
+        s += r6
+        s += r7
+        s += r8
+        s += r9
+    else:  # five [2] position loads and five [W, 2] tiles
+        j = tl.arange(0, 2)
+        for m in tl.static_range(5):
+            i = r + 2 * m + j
+            ok = i < length
+            p = tl.load(pos_ptr + start + i, mask=ok, other=0)
+            tile = tl.load(grad_ptr + p[None, :].to(tl.int64) * hidden + cols[:, None], mask=live[:, None] & ok[None, :], other=0.0)
+            a, b = tl.split(tile.to(tl.float32))
+            s += a
+            s += b
+    return s
+
+
+@triton.jit
+def _pipe_chain(grad_ptr, main_ptr, pos_ptr, start, length, key, col0, hidden, W: tl.constexpr, S: tl.constexpr, G: tl.constexpr,
+                TILE16: tl.constexpr):
+    """A (run, W columns) chain whose rows go through Triton's loop pipeliner (cp.async into shared
+    memory, S - 1 iterations ahead); one iteration is G partials of 10 rows, each summed from +0 row
+    by row in position order and added to the running total (a partial past the run adds +0)."""
+    cols = col0 + tl.arange(0, W)
+    live = cols < hidden
+    t = tl.zeros([W], dtype=tl.float32)
+    for r0 in tl.range(0, length, 10 * G, num_stages=S):
+        for g in tl.static_range(G):
+            s = _add10(tl.zeros([W], dtype=tl.float32), grad_ptr, pos_ptr, start, r0 + 10 * g, length, cols, live, hidden, W, TILE16)
+            t += s
+    _add_to_row(main_ptr + key.to(tl.int64) * hidden, cols, live, _round(t, 1), 0)
+
+
+@triton.jit
+def _pipe_kernel(items_ptr, n_chain, grad_ptr, main_ptr, pos_ptr, hidden, W: tl.constexpr, S: tl.constexpr, G: tl.constexpr,
+                 TILE16: tl.constexpr, BLOCK_H: tl.constexpr):
+    pid = tl.program_id(0)
+    rec = items_ptr + pid * 4
+    start = tl.load(rec)
+    length = tl.load(rec + 1)
+    key = tl.load(rec + 2)
+    c = tl.load(rec + 3)
+    if pid < n_chain:
+        _pipe_chain(grad_ptr, main_ptr, pos_ptr, start, length, key, c * W, hidden, W, S, G, TILE16)
+    else:
+        _short(grad_ptr, main_ptr, pos_ptr, start, length, key, c, hidden, BLOCK_H)
+
+
+@triton.jit
+def _seg_pipe_kernel(items_ptr, n_items, grad_ptr, scratch_ptr, pos_ptr, hidden, W: tl.constexpr, S: tl.constexpr, P: tl.constexpr):
+    """Programs stride (segment of at most P partials of a long run, W columns) items: each partial summed
+    as _add10's [W, 16] form through the pipeliner (S stages) and stored to its scratch row (the row of
+    its first slot)."""
+    for it in range(tl.program_id(0), n_items, tl.num_programs(0)):
+        rec = items_ptr + it * 4
+        start = tl.load(rec)
+        end = tl.load(rec + 1)
+        cols = tl.load(rec + 2) * W + tl.arange(0, W)
+        live = cols < hidden
+        for r in tl.range(start, tl.minimum(start + 10 * P, end), 10, num_stages=S):
+            part = _add10(tl.zeros([W], dtype=tl.float32), grad_ptr, pos_ptr, 0, r, end, cols, live, hidden, W, True)
+            tl.store(scratch_ptr + r * hidden + cols, part, mask=live)  # (n * H below 2**31 in this probe)
+
+
+@triton.jit
+def _reg_part_kernel(items_ptr, n_items, grad_ptr, scratch_ptr, pos_ptr, hidden, BLOCK_H: tl.constexpr):
+    """The frontend's form of a long run's partial: programs stride (partial, BLOCK_H columns) items, each's
+    positions by scalar loads and its rows in registers, summed from +0 and stored to its scratch row."""
+    for it in range(tl.program_id(0), n_items, tl.num_programs(0)):
+        rec = items_ptr + it * 4
+        r = tl.load(rec)
+        end = tl.load(rec + 1)
+        cols = tl.load(rec + 2) * BLOCK_H + tl.arange(0, BLOCK_H)
+        live = cols < hidden
+        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for u in tl.static_range(10):
+            p = tl.load(pos_ptr + tl.minimum(r + u, end - 1))
+            row = tl.load(grad_ptr + p.to(tl.int64) * hidden + cols, mask=cols < tl.where(r + u < end, hidden, 0), other=0.0)
+            acc += row.to(tl.float32)
+        tl.store(scratch_ptr + r.to(tl.int64) * hidden + cols, acc, mask=live)
 
 
 @triton.jit
@@ -195,6 +323,44 @@ def seg_items(chains_runs, hidden, W, P):
     return np.array(items, dtype=np.int32).reshape(-1, 10), seg
 
 
+def long_partials_alone(ids_np, grad, words):
+    """(us, exact) of every long run's partials stored to a scratch buffer (row: the partial's first slot),
+    "pseg64 s4 P16": segments of P partials over W columns through the pipeliner; "rpart": the
+    frontend's form, (partial, 1024 columns) items; "k8": 8 resident programs per SM striding the items
+    (default 12, the frontend's partials kernel's). Checked against the core's partial sums."""
+    from embwgrad_core import SORT, make_plan, reference
+
+    hidden = grad.shape[1]
+    order, chains, _ = host_plan(ids_np, hidden, 64)
+    pos = torch.from_numpy(order).cuda()
+    runs = [tuple(int(v) for v in r[:2]) for r in chains[chains[:, 3] == 0]]  # (start, length) of each run of more than 10
+    scratch = torch.zeros(ids_np.size, hidden, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    per_sm = int(next((w[1:] for w in words[1:] if w.startswith("k")), 12))  # resident programs per SM ("k8"), as the frontend's 12
+    if words[0] == "rpart":
+        items = [(s + k, s + ln, hb) for s, ln in runs for k in range(0, ln, 10) for hb in range(triton.cdiv(hidden, 1024))]
+        items_t = torch.from_numpy(np.array([(*it, 0) for it in items], dtype=np.int32)).cuda()
+
+        def call():
+            _reg_part_kernel[(min(len(items), per_sm * sms),)](items_t, len(items), grad, scratch, pos, hidden, BLOCK_H=1024, num_warps=1,
+                                                               maxnreg=168, enable_fp_fusion=False)
+    else:
+        W, S, P = int(words[0][4:]), int(words[1][1:]), int(words[2][1:])
+        items = [(s + lo, s + ln, c) for s, ln in runs for lo in range(0, ln, 10 * P) for c in range(triton.cdiv(hidden, W))]
+        items_t = torch.from_numpy(np.array([(*it, 0) for it in items], dtype=np.int32)).cuda()
+
+        def call():
+            _seg_pipe_kernel[(min(len(items), per_sm * sms),)](items_t, len(items), grad, scratch, pos, hidden, W=W, S=S, P=P, num_warps=1,
+                                                               maxnreg=168, enable_fp_fusion=False)
+    call()
+    plan = make_plan(ids_np, int(ids_np.max()) + 1, path=SORT)
+    sums = reference.partial_sums(plan, grad.float().cpu().numpy())
+    long = plan.run_partials[plan.partial_run] > 1
+    got = scratch[torch.from_numpy(plan.partial_slot[long]).cuda()].cpu().numpy()
+    exact = np.array_equal(got.view(np.int32), sums[long].astype(np.float32).view(np.int32))
+    return graph_ms(call) * 1e3, exact
+
+
 def main():
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else ["w64 g4"]
     points = probe_points([(8192, "zipf"), (16384, "zipf"), (4096, "zipf"), (32768, "zipf")])
@@ -205,8 +371,14 @@ def main():
         results[(n, dist, "frontend")] = (graph_ms(lambda: torch_frontend.accumulate(ids, grad, mg)) * 1e3, True)
         for name in names:
             words = name.split()
+            if words[0].startswith(("pseg", "rpart")):  # long runs' partials alone, to scratch (no fold)
+                results[(n, dist, name)] = long_partials_alone(ids_np, grad, words)
+                print(n, dist, name, f"{results[(n, dist, name)][0]:.1f}", "exact" if results[(n, dist, name)][1] else "DIFFERENT", flush=True)
+                continue
             W = int(words[0][1:])
             G = int(words[1][1:])
+            piped = words[0][0] in "pq"  # "p64 s8": pipelined chains, W 64, 8 stages; "q": [W, 16] tiles
+            pg = int(next((w[1:] for w in words[2:] if w.startswith("g")), 1))  # "p64 s4 g2": two partials an iteration
             order, chains, shorts = host_plan(ids_np, hidden, W)
             pos = torch.from_numpy(order).cuda()
             if words[2:3] and words[2].startswith("seg"):
@@ -243,8 +415,13 @@ def main():
                 items_t = torch.from_numpy(np.ascontiguousarray(items)).cuda()
 
                 def call(target):
-                    _probe_kernel[(len(items),)](items_t, n_chain, grad, target, pos, hidden, W=W, G=G, PF="pf" in words, BLOCK_H=1024,
-                                                 num_warps=1, maxnreg=168, enable_fp_fusion=False)
+                    if piped:
+                        _pipe_kernel[(len(items),)](items_t, n_chain, grad, target, pos, hidden, W=W, S=G, G=pg, TILE16=words[0][0] == "q",
+                                                    BLOCK_H=1024,
+                                                    num_warps=1, maxnreg=168, enable_fp_fusion=False)
+                    else:
+                        _probe_kernel[(len(items),)](items_t, n_chain, grad, target, pos, hidden, W=W, G=G, PF="pf" in words, BLOCK_H=1024,
+                                                     num_warps=1, maxnreg=168, enable_fp_fusion=False)
 
                 check, counts = part == "all", (len(chains), len(shorts))
             ok = True
