@@ -148,21 +148,6 @@ def _pipe_chain(grad_ptr, main_ptr, pos_ptr, start, length, key, col0, hidden, W
 
 
 @triton.jit
-def _pipe_kernel(items_ptr, n_chain, grad_ptr, main_ptr, pos_ptr, hidden, W: tl.constexpr, S: tl.constexpr, G: tl.constexpr,
-                 TILE16: tl.constexpr, BLOCK_H: tl.constexpr):
-    pid = tl.program_id(0)
-    rec = items_ptr + pid * 4
-    start = tl.load(rec)
-    length = tl.load(rec + 1)
-    key = tl.load(rec + 2)
-    c = tl.load(rec + 3)
-    if pid < n_chain:
-        _pipe_chain(grad_ptr, main_ptr, pos_ptr, start, length, key, c * W, hidden, W, S, G, TILE16)
-    else:
-        _short(grad_ptr, main_ptr, pos_ptr, start, length, key, c, hidden, BLOCK_H)
-
-
-@triton.jit
 def _seg_pipe_kernel(items_ptr, n_items, grad_ptr, scratch_ptr, pos_ptr, hidden, W: tl.constexpr, S: tl.constexpr, P: tl.constexpr):
     """Programs stride (segment of at most P partials of a long run, W columns) items: each partial summed
     as _add10's [W, 16] form through the pipeliner (S stages) and stored to its scratch row (the row of
@@ -280,7 +265,8 @@ def _seg_kernel(items_ptr, n_chain, grad_ptr, main_ptr, pos_ptr, tot_ptr, cnt_pt
 
 @triton.jit
 def _probe_kernel(items_ptr, n_chain, grad_ptr, main_ptr, pos_ptr, hidden, W: tl.constexpr, G: tl.constexpr, PF: tl.constexpr,
-                  BLOCK_H: tl.constexpr):
+                  S: tl.constexpr, TILE16: tl.constexpr, BLOCK_H: tl.constexpr):
+    """One item a program: chains first (S > 0: pipelined over S stages, _pipe_chain; else _chain), then short runs."""
     pid = tl.program_id(0)
     rec = items_ptr + pid * 4
     start = tl.load(rec)
@@ -288,7 +274,10 @@ def _probe_kernel(items_ptr, n_chain, grad_ptr, main_ptr, pos_ptr, hidden, W: tl
     key = tl.load(rec + 2)
     c = tl.load(rec + 3)
     if pid < n_chain:
-        _chain(grad_ptr, main_ptr, pos_ptr, start, length, key, c * W, hidden, W, G, PF)
+        if S > 0:
+            _pipe_chain(grad_ptr, main_ptr, pos_ptr, start, length, key, c * W, hidden, W, S, G, TILE16)
+        else:
+            _chain(grad_ptr, main_ptr, pos_ptr, start, length, key, c * W, hidden, W, G, PF)
     else:
         _short(grad_ptr, main_ptr, pos_ptr, start, length, key, c, hidden, BLOCK_H)
 
@@ -414,14 +403,10 @@ def main():
                 n_chain = 0 if part == "short" else len(chains)
                 items_t = torch.from_numpy(np.ascontiguousarray(items)).cuda()
 
-                def call(target):
-                    if piped:
-                        _pipe_kernel[(len(items),)](items_t, n_chain, grad, target, pos, hidden, W=W, S=G, G=pg, TILE16=words[0][0] == "q",
-                                                    BLOCK_H=1024,
-                                                    num_warps=1, maxnreg=168, enable_fp_fusion=False)
-                    else:
-                        _probe_kernel[(len(items),)](items_t, n_chain, grad, target, pos, hidden, W=W, G=G, PF="pf" in words, BLOCK_H=1024,
-                                                     num_warps=1, maxnreg=168, enable_fp_fusion=False)
+                def call(target):  # piped: "s<S>" is the stages, "g<G>" the partials an iteration
+                    _probe_kernel[(len(items),)](items_t, n_chain, grad, target, pos, hidden, W=W, G=pg if piped else G, PF="pf" in words,
+                                                 S=G if piped else 0, TILE16=words[0][0] == "q", BLOCK_H=1024, num_warps=1, maxnreg=168,
+                                                 enable_fp_fusion=False)
 
                 check, counts = part == "all", (len(chains), len(shorts))
             ok = True
