@@ -148,16 +148,23 @@ def _pipe_chain(grad_ptr, main_ptr, pos_ptr, start, length, key, col0, hidden, W
 
 
 @triton.jit
+def _part_item(items_ptr, it, hidden, W: tl.constexpr):
+    """Item it of the long-partials probes (rows of 4 int32: first slot, one past the run's last slot,
+    column block): (first slot, run end, the block's W columns, which of them are below hidden)."""
+    rec = items_ptr + it * 4
+    start = tl.load(rec)
+    end = tl.load(rec + 1)
+    cols = tl.load(rec + 2) * W + tl.arange(0, W)
+    return start, end, cols, cols < hidden
+
+
+@triton.jit
 def _seg_pipe_kernel(items_ptr, n_items, grad_ptr, scratch_ptr, pos_ptr, hidden, W: tl.constexpr, S: tl.constexpr, P: tl.constexpr):
     """Programs stride (segment of at most P partials of a long run, W columns) items: each partial summed
     as _add10's [W, 16] form through the pipeliner (S stages) and stored to its scratch row (the row of
     its first slot)."""
     for it in range(tl.program_id(0), n_items, tl.num_programs(0)):
-        rec = items_ptr + it * 4
-        start = tl.load(rec)
-        end = tl.load(rec + 1)
-        cols = tl.load(rec + 2) * W + tl.arange(0, W)
-        live = cols < hidden
+        start, end, cols, live = _part_item(items_ptr, it, hidden, W)
         for r in tl.range(start, tl.minimum(start + 10 * P, end), 10, num_stages=S):
             part = _add10(tl.zeros([W], dtype=tl.float32), grad_ptr, pos_ptr, 0, r, end, cols, live, hidden, W, True)
             tl.store(scratch_ptr + r * hidden + cols, part, mask=live)  # (n * H below 2**31 in this probe)
@@ -168,11 +175,7 @@ def _reg_part_kernel(items_ptr, n_items, grad_ptr, scratch_ptr, pos_ptr, hidden,
     """The frontend's form of a long run's partial: programs stride (partial, BLOCK_H columns) items, each's
     positions by scalar loads and its rows in registers, summed from +0 and stored to its scratch row."""
     for it in range(tl.program_id(0), n_items, tl.num_programs(0)):
-        rec = items_ptr + it * 4
-        r = tl.load(rec)
-        end = tl.load(rec + 1)
-        cols = tl.load(rec + 2) * BLOCK_H + tl.arange(0, BLOCK_H)
-        live = cols < hidden
+        r, end, cols, live = _part_item(items_ptr, it, hidden, BLOCK_H)
         acc = tl.zeros([BLOCK_H], dtype=tl.float32)
         for u in tl.static_range(10):
             p = tl.load(pos_ptr + tl.minimum(r + u, end - 1))
@@ -326,21 +329,17 @@ def long_partials_alone(ids_np, grad, words):
     scratch = torch.zeros(ids_np.size, hidden, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     per_sm = int(next((w[1:] for w in words[1:] if w.startswith("k")), 12))  # resident programs per SM ("k8"), as the frontend's 12
-    if words[0] == "rpart":
-        items = [(s + k, s + ln, hb) for s, ln in runs for k in range(0, ln, 10) for hb in range(triton.cdiv(hidden, 1024))]
-        items_t = torch.from_numpy(np.array([(*it, 0) for it in items], dtype=np.int32)).cuda()
+    # rpart: (partial, 1024 columns) items, the P = 1 case of the segments' (segment, W columns) items.
+    rpart = words[0] == "rpart"
+    W, S, P = (1024, 0, 1) if rpart else (int(words[0][4:]), int(words[1][1:]), int(words[2][1:]))
+    items = [(s + lo, s + ln, c, 0) for s, ln in runs for lo in range(0, ln, 10 * P) for c in range(triton.cdiv(hidden, W))]
+    items_t = torch.from_numpy(np.array(items, dtype=np.int32)).cuda()
+    kernel, widths = (_reg_part_kernel, dict(BLOCK_H=W)) if rpart else (_seg_pipe_kernel, dict(W=W, S=S, P=P))
 
-        def call():
-            _reg_part_kernel[(min(len(items), per_sm * sms),)](items_t, len(items), grad, scratch, pos, hidden, BLOCK_H=1024, num_warps=1,
-                                                               maxnreg=168, enable_fp_fusion=False)
-    else:
-        W, S, P = int(words[0][4:]), int(words[1][1:]), int(words[2][1:])
-        items = [(s + lo, s + ln, c) for s, ln in runs for lo in range(0, ln, 10 * P) for c in range(triton.cdiv(hidden, W))]
-        items_t = torch.from_numpy(np.array([(*it, 0) for it in items], dtype=np.int32)).cuda()
+    def call():
+        kernel[(min(len(items), per_sm * sms),)](items_t, len(items), grad, scratch, pos, hidden, **widths, num_warps=1, maxnreg=168,
+                                                 enable_fp_fusion=False)
 
-        def call():
-            _seg_pipe_kernel[(min(len(items), per_sm * sms),)](items_t, len(items), grad, scratch, pos, hidden, W=W, S=S, P=P, num_warps=1,
-                                                               maxnreg=168, enable_fp_fusion=False)
     call()
     plan = make_plan(ids_np, int(ids_np.max()) + 1, path=SORT)
     sums = reference.partial_sums(plan, grad.float().cpu().numpy())
