@@ -5,9 +5,11 @@
 # The device tool allows 600 s a call. The benchmark runs first (about 135 s; BENCH_TIMEOUT caps
 # it) and the suite gets what is left of DEADLINE (seconds from the start), less a margin for its
 # SIGINT and the summary. The suite's time on a fresh machine varies: 393 GPU tests at -n 3 took
-# 338 s on one (session 30) and did not finish in 373 s on another (session 33: 389 passed). At
-# -n 2 they no longer fit, and at -n 6 the workers' JAX and torch caches together exhausted the
-# GPU's memory. A suite cut short names the tests it did not reach (collected minus reported).
+# 316-338 s on some (sessions 30, 33) and did not finish in 373 s on another (session 33: 389
+# passed); at -n 4 they took 249 s, the GPU's memory peaking at 72.6 of 143 GB (nvidia-smi each
+# second; session 33). At -n 2 they no longer fit, and at -n 6 the workers' JAX and torch caches
+# together exhausted the GPU's memory. A suite cut short names the tests it did not reach
+# (collected minus reported).
 set -u
 cd "$(dirname "$0")/.."
 start=$SECONDS
@@ -19,7 +21,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
   python3 -c "import sys, torch, triton, jax; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'jax', jax.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
-PYTEST_ARGS=${PYTEST_ARGS:--n 3 tests/}
+PYTEST_ARGS=${PYTEST_ARGS:--n 4 tests/}
 # The suite's test ids, listed beside the benchmark (CPU only), to name what a cut-short suite missed.
 python3 -m pytest --collect-only -q -p no:cacheprovider $PYTEST_ARGS >"$OUT/collected.txt" 2>&1 &
 collect_pid=$!
