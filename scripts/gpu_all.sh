@@ -46,12 +46,16 @@ python3 - "$OUT/collected.txt" "$OUT/junit.xml" <<'EOF'
 import sys, xml.etree.ElementTree as ET
 collected = [l.strip() for l in open(sys.argv[1]) if "::" in l]
 try:
-    # junit names a test "tests.test_x" + "test_y[param]"; the collection, "tests/test_x.py::test_y[param]"
     reported = {(c.get("classname"), c.get("name")) for c in ET.parse(sys.argv[2]).iter("testcase") if c.get("name")}
 except (OSError, ET.ParseError) as e:
     sys.exit(f"no junit report ({e}): cannot say which tests ran")
-missing = [t for t in collected
-           if (t.split("::")[0][:-3].replace("/", "."), t.split("::", 1)[1]) not in reported]
+
+def junit_name(test_id):
+    """"tests/test_x.py::Cls::test_y[p]" as junit names it: ("tests.test_x.Cls", "test_y[p]")."""
+    path, *inner, name = test_id.split("::")
+    return ".".join([path.removesuffix(".py").replace("/", ".")] + inner), name
+
+missing = [t for t in collected if junit_name(t) not in reported]
 print(f"tests collected {len(collected)}, reported {len(reported)}, not reached {len(missing)}")
 for t in missing:
     print("  not reached:", t)
