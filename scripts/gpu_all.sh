@@ -33,6 +33,7 @@ wait $collect_pid
 # SIGINT first, so that a suite cut short still reports its failures so far (-rfEs) and its junit
 # file; killed 20 s later.
 left=$(( ${DEADLINE:-585} - (SECONDS - start) - 30 ))
+left=$(( left > 0 ? left : 1 ))  # (timeout 0 would mean no limit at all)
 echo "pytest gets ${PYTEST_TIMEOUT:-$left} s"
 timeout -s INT -k 20 ${PYTEST_TIMEOUT:-$left} python3 -m pytest -q -rfEs --durations=15 -p no:cacheprovider \
   --junitxml "$OUT/junit.xml" $PYTEST_ARGS 2>&1 | tee "$OUT/pytest.log"
