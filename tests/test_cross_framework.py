@@ -24,7 +24,11 @@ ON_BOTH_GPUS = torch.cuda.is_available() and jax.default_backend() == "gpu"
 requires_gpus = pytest.mark.skipif(not ON_BOTH_GPUS, reason="needs CUDA in torch and a GPU backend in jax")
 
 
-@pytest.mark.parametrize("case", cpu_cases(), ids=lambda c: c.name)
+# torch-path-3073 (the smallest n on PyTorch's sort path) is left out here: each frontend's own test
+# matches it bit for bit against the core reference (test_kernels_match_core_reference in
+# test_torch_frontend and test_jax_frontend, the same seeded arrays), so torch and JAX agree on it by
+# transitivity, and through both interpreters it cost CI about 100 s (session 33).
+@pytest.mark.parametrize("case", [c for c in cpu_cases() if c.name != "torch-path-3073"], ids=lambda c: c.name)
 def test_same_bits(case: Case):
     ids, grad, main_grad = case.arrays()
     out = to_torch(main_grad)
