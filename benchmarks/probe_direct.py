@@ -24,8 +24,8 @@ block, and every program reads all n ids (_direct at 3072 tokens and 7 H blocks:
 few KB of L2 lines): the one-kernel form loses from 2048 tokens, and at 1024 it saves 1 us on uniform
 ids while Zipf ids' serial chains double the call.
 
-    TRITON_INTERPRET=1 python benchmarks/probe_direct.py      # CPU: bitwise against the core reference
-    python benchmarks/probe_direct.py                         # GPU: graph times (_direct checked against the dense path)
+    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/probe_direct.py   # CPU: bitwise against the core reference
+    PYTHONPATH=. python benchmarks/probe_direct.py                      # GPU: graph times (_direct checked against the dense path)
 """
 
 import os
@@ -38,7 +38,7 @@ import triton.language as tl
 
 import torch_frontend
 from embwgrad_core import CHUNK
-from embwgrad_core.dtypes import ROUNDING_CODE
+from embwgrad_core.dtypes import ROUNDING_CODE, bits, dtype_name, numpy_dtype
 from torch_frontend.embedding_wgrad import _fold_step, _grad_row, _load_keys, _round
 
 
@@ -118,19 +118,16 @@ def direct(ids, grad, main_grad, padding_idx=None, block_h=1024, warps=4, batch=
     n, hidden = grad.shape
     if n == 0 or hidden == 0:
         return
-    grad_r = ROUNDING_CODE[str(grad.dtype).removeprefix("torch.")]
-    main_r = ROUNDING_CODE[str(main_grad.dtype).removeprefix("torch.")]
     block_h = min(block_h, triton.next_power_of_2(hidden))
     _direct_kernel[(n, triton.cdiv(hidden, block_h))](
         ids, grad, main_grad, n, main_grad.shape[0], -1 if padding_idx is None else padding_idx, hidden, 1, grad.stride(0), 0,
-        grad.stride(1), main_grad.stride(0), N_P2=max(16, triton.next_power_of_2(n)), CHUNK_SIZE=CHUNK, GRAD_ROUNDING=grad_r,
-        MAIN_ROUNDING=main_r, BLOCK_H=block_h, BATCH=batch, num_warps=warps)
+        grad.stride(1), main_grad.stride(0), N_P2=max(16, triton.next_power_of_2(n)), CHUNK_SIZE=CHUNK, GRAD_ROUNDING=ROUNDING_CODE[dtype_name(grad.dtype)],
+        MAIN_ROUNDING=ROUNDING_CODE[dtype_name(main_grad.dtype)], BLOCK_H=block_h, BATCH=batch, num_warps=warps)
 
 
 def cpu_check():
-    import ml_dtypes
-
     from embwgrad_core import reference
+    from tests.test_torch_frontend import to_numpy, to_torch
 
     rng = np.random.default_rng(0)
     bad = 0
@@ -141,28 +138,19 @@ def cpu_check():
         ids = rng.integers(0, vocab, n).astype(np.int64)
         if n > 10:
             ids[5] = -1 if pad is None else pad  # out of range / padding
-        npd = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float16": np.float16}
         grad = rng.standard_normal((n, hidden)).astype(np.float32)
         grad[0, :3] = [-0.0, np.nan, np.inf]
-        grad = grad.astype(npd[gdt])
-        main = rng.standard_normal((vocab, hidden)).astype(npd[mdt])
-        want = reference.accumulate(ids, grad, main, padding_idx=pad, path="feature")
-        tids = torch.from_numpy(ids)
-        tgrad = torch.from_numpy(grad.view(np.uint16) if gdt == "bfloat16" else grad)
-        if gdt == "bfloat16":
-            tgrad = tgrad.view(torch.bfloat16)
-        tmain = torch.from_numpy(main.view(np.uint16).copy() if mdt == "bfloat16" else main.copy())
-        if mdt == "bfloat16":
-            tmain = tmain.view(torch.bfloat16)
+        grad = grad.astype(numpy_dtype(gdt))
+        main = rng.standard_normal((vocab, hidden)).astype(numpy_dtype(mdt))
+        want = bits(reference.accumulate(ids, grad, main, padding_idx=pad, path="feature"))
         for bh, batch in [(16, 8), (8, 3)]:
-            work = tmain.clone()
-            direct(tids, tgrad, work, pad, block_h=bh, batch=batch)
-            got = work.view(torch.int16 if mdt != "float32" else torch.int32).numpy()
-            exp = want.view(np.int16 if mdt != "float32" else np.int32)
+            work = to_torch(main, "cpu")
+            direct(to_torch(ids, "cpu"), to_torch(grad, "cpu"), work, pad, block_h=bh, batch=batch)
+            got = bits(to_numpy(work))
             cases += 1
-            if not np.array_equal(got, exp):
+            if not np.array_equal(got, want):
                 bad += 1
-                print("DIFFERENT", n, vocab, hidden, gdt, mdt, pad, bh, batch, int((got != exp).sum()))
+                print("DIFFERENT", n, vocab, hidden, gdt, mdt, pad, bh, batch, int((got != want).sum()))
     print(f"cpu: {cases - bad} of {cases} bitwise")
     return bad == 0
 
@@ -184,13 +172,12 @@ def gpu_probe():
             ok = same_bits(work, expected)
             ms = graph_ms(lambda: direct(ids, grad, work, None, bh, warps, batch))
             res[f"h{bh} w{warps} b{batch}{'' if ok else ' DIFFERENT'}"] = ms * 1e3
-        work = main_grad.clone()
-        direct(ids, grad, work, None, 1024, 4, 8)
         for tb, tj, bh, warps, count in blocks:
             res[f"blk tb{tb} tj{tj} h{bh} w{warps}{'' if count else ' nocount'}"] = graph_ms(
                 lambda: block(ids, grad, work, tb, tj, bh, warps, count)) * 1e3
         res["main again"] = graph_ms(lambda: torch_frontend.accumulate(ids, grad, work)) * 1e3
         print(f"n={n:5d} {dist:7s} " + ", ".join(f"{k} {v:.1f}" for k, v in res.items()), flush=True)
+
 
 if __name__ == "__main__":
     if torch.cuda.is_available():

@@ -7,9 +7,9 @@
 # SIGINT and the summary. The suite's time on a fresh machine varies: 393 GPU tests at -n 3 took
 # 316-338 s on some (sessions 30, 33) and did not finish in 373 s on another (session 33: 389
 # passed); at -n 4 they took 249 s, the GPU's memory peaking at 72.6 of 143 GB (nvidia-smi each
-# second; session 33), and 212 s after the benchmark in a whole call of 330 s (session 34). At -n 2 they no longer fit, and at -n 6 the workers' JAX and torch caches
-# together exhausted the GPU's memory. A suite cut short names the tests it did not reach
-# (collected minus reported).
+# second; session 33), and 212 s after the benchmark in a whole call of 330 s (session 34). At
+# -n 2 they no longer fit, and at -n 6 the workers' JAX and torch caches together exhausted the
+# GPU's memory. A suite cut short names the tests it did not reach (collected minus reported).
 set -u
 cd "$(dirname "$0")/.."
 start=$SECONDS
