@@ -79,6 +79,8 @@ VARIANTS = {
     "window 32": dict(merge_window=32),
     # v11: the long runs' partials stored with L2 priority evict_last (the default) or not.
     "no evict last": dict(scratch_evict_last=False),
+    # v40: the merge sort's positions and records kept in L2 with evict_last (PLAN_EVICT_LAST), or not.
+    "no plan evict last": dict(plan_evict_last=False),
     # v11: merge blocks of 128 tokens where they were 256 (block sort half the compares; twice
     # the blocks per search), 1024 or 2048 lanes per merge program.
     "block 128": dict(merge_block=128, merge_blocks=lambda c: 2 * c.merge_blocks, merge_u=lambda c: max(1, 1024 // (2 * c.merge_blocks)),

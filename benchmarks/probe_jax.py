@@ -27,6 +27,8 @@ POINTS = probe_points([(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32
 #: name -> _Config overrides
 VARIANTS = {
     "default": (),
+    # v40: the merge sort's positions and records kept in L2 with evict_last (PLAN_EVICT_LAST), or not.
+    "no plan evict last": (("plan_evict_last", False),),
     # v29: zero partials (Megatron's masked tokens) skipped by the folds: off, more flags a block, more runs flagged
     "skip off": (("zero_skip", 0),),
     "skip block 256": (("skip_block", 256),),

@@ -121,6 +121,12 @@ INTERPRET_RANK_TILES = {SORT: (256, 256), FEATURE: (8 * CHUNK, 8 * CHUNK)}
 #: 32768 Zipf 335.2 against 337.4, so none there.
 TAIL_PROGRAMS_PER_SM = 24
 
+#: Merge sort: the merge stores the sorted positions and the records, and the partials kernel
+#: loads a partial's other positions, with L2 priority evict_last, as the torch twin
+#: (PLAN_EVICT_LAST there), so that the streamed rows do not push them out of L2 before the
+#: items that read them. H200, chains of 300 calls, in one process (NOTES v40).
+PLAN_EVICT_LAST = True
+
 #: The ways to sort (_Config.sort).
 MERGE, RANK, PACKED, PAIRS = "merge", "rank", "packed", "pairs"
 
@@ -197,7 +203,8 @@ COUNTS = 4
 _LISTED, _FRONT, _BACK = 0, 1, 2
 
 
-def _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, *, n: int):
+def _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, *, n: int,
+                    policy: str | None):
     """Sort path: publish a record for each of these slots that starts a partial, and list the long runs (as the torch twin).
 
     Partials of long runs (more than NROWS slots) go to the front of the record list, the
@@ -220,7 +227,7 @@ def _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, 
     index = jnp.where(front, append(front, _FRONT), n - 1 - append(back, _BACK))
     index = jnp.where(starts, index, n + lane)  # lanes that append nothing scatter past the end (see _rank_kernel)
     for field, value in enumerate((slot, key, pos, run_start, run_end)):
-        plgpu.store(records_ref.at[index * REC_FIELDS + field], value, mask=starts)
+        plgpu.store(records_ref.at[index * REC_FIELDS + field], value, mask=starts, eviction_policy=policy)
     first = live & (key >= 0) & long & (slot == run_start)
     entry = jnp.where(first, append(first, _LISTED), long_runs_ref.shape[0] + lane)  # the others past the end, as above
     plgpu.store(long_runs_ref.at[entry, 0], run_start, mask=first)
@@ -289,6 +296,7 @@ def _merge_rank_kernel(
     steps: int,  # binary-search steps: block.bit_length()
     block_u: int,  # block-sorted tokens per program
     unroll: bool,  # the steps unrolled (as the torch twin), else a loop
+    plan_policy: str | None,  # L2 eviction policy of the sorted positions' and records' stores (PLAN_EVICT_LAST), or None
 ):
     """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
 
@@ -342,10 +350,10 @@ def _merge_rank_kernel(
     run_end = jnp.sum(lo_le, axis=0, dtype=jnp.int32)
     slot = jnp.where(live, slot, u)  # lanes past n scatter past the end (see _rank_kernel)
     plgpu.store(sorted_keys_ref.at[slot], key, mask=live)
-    plgpu.store(sorted_pos_ref.at[slot], pos, mask=live)
+    plgpu.store(sorted_pos_ref.at[slot], pos, mask=live, eviction_policy=plan_policy)
     plgpu.store(run_start_ref.at[slot], run_start, mask=live)
     plgpu.store(run_end_ref.at[slot], run_end, mask=live)
-    _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, n=n)
+    _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, n=n, policy=plan_policy)
 
 
 def _rank_kernel(
@@ -491,7 +499,7 @@ def _runs_kernel(
     plgpu.store(run_start_ref.at[pl.ds(s0, block)], lo, mask=live)
     plgpu.store(run_end_ref.at[pl.ds(s0, block)], lo_end, mask=live)
     pos = plgpu.load(sorted_pos_ref.at[pl.ds(s0, block)], mask=live, other=0)
-    _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, s, key, pos, lo, lo_end, live, n=n)
+    _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, s, key, pos, lo, lo_end, live, n=n, policy=None)
 
 
 def _partials_kernel(
@@ -531,6 +539,7 @@ def _partials_kernel(
     interpret: bool,  # Pallas interpret mode: programs run in order, one at a time (no barrier, no waiting)
     skip_min: int,  # sort path: runs of this many partials or more flag and skip their zero partials (_fold; 0: none)
     skip_block: int,  # flags a fold reads at once
+    plan_policy: str | None,  # sort path: L2 eviction policy of the other positions' loads (PLAN_EVICT_LAST), or None
 ):
     """Every partial's rows summed in order, over one H block per item (partial, H block).
 
@@ -666,7 +675,8 @@ def _partials_kernel(
             acc = add_row(pos0, True, jnp.zeros((block_h,), jnp.float32))
             if unroll:  # every position, then every row, in flight at once
                 taken = [t < nrows for t in range(1, span)]
-                positions = [plgpu.load(sorted_pos_ref.at[s + t], mask=take, other=0) for t, take in zip(range(1, span), taken)]
+                positions = [plgpu.load(sorted_pos_ref.at[s + t], mask=take, other=0, eviction_policy=plan_policy)
+                             for t, take in zip(range(1, span), taken)]
                 for pos_t, take in zip(positions, taken):
                     acc = add_row(pos_t, take, acc)
             else:
@@ -936,6 +946,7 @@ class _Config:
     bf16_scratch: bool = False  # feature path, bf16 grad: long runs' partials as bf16 bits (_to_scratch; BF16_SCRATCH_MIN_TOKENS)
     rank_warps: int = 4  # _rank_kernel's num_warps: 8 or 16 measured 5-6 us slower at 2048-3072 Zipf (NOTES v18 item 1)
     tail_programs: int = 0  # sort path: _partials_kernel's last programs (but the folders), which take the last items, one each
+    plan_evict_last: bool = False  # merge sort: the sorted positions and records kept in L2 (PLAN_EVICT_LAST)
     # Inside jax.shard_map: the ShapeDtypeStruct keyword that makes every kernel's outputs vary
     # over main_grad's manual mesh axes, as (name, value) (_mesh_axes); () outside.
     vary: tuple = ()
@@ -1025,6 +1036,7 @@ def _config(problem: Problem, path: str, overrides: tuple = (), zero_rows: bool 
         num_stages=2,
         bf16_scratch=feature and problem.grad_dtype == "bfloat16" and n >= BF16_SCRATCH_MIN_TOKENS,
         tail_programs=0 if feature else (3 if interpret else TAIL_PROGRAMS_PER_SM * _gpu_sms() if n <= FOLD_ROLE_MAX_TOKENS else 0),
+        plan_evict_last=PLAN_EVICT_LAST,  # (used where the merge sort makes the plan)
     )
     cfg = dataclasses.replace(cfg, **forced)
     if cfg.bf16_scratch and (not feature or problem.grad_dtype != "bfloat16"):
@@ -1156,6 +1168,7 @@ def _merge_sort(ids, problem: Problem, cfg: _Config):
         steps=cfg.merge_block.bit_length(),
         block_u=cfg.merge_u,
         unroll=cfg.unroll,
+        plan_policy="evict_last" if cfg.plan_evict_last else None,
     )(block_keys, block_pos, counts)
 
 
@@ -1269,6 +1282,7 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
         interpret=cfg.interpret,
         skip_min=cfg.zero_skip,
         skip_block=cfg.skip_block,
+        plan_policy="evict_last" if cfg.plan_evict_last and cfg.sort == MERGE else None,
     )(*inputs)
 
 

@@ -55,7 +55,8 @@ def variants():
             yield f"block_sort {block} ids={ids}", ew._block_sort_kernel, {"ids_ptr": ids}, consts
     for block, blocks in ((256, 32), (512, 64), (2048, 64)):
         consts = {"BLOCK": block, "NUM_BLOCKS": blocks, "STEPS": 5, "BLOCK_U": 1024 // blocks, "SPAN": NROWS,
-                  "GROUP_P2": 32, "WINDOW": 16, "COUNT": True, "PDL": True, "COUNT_AGGREGATE": ew.COUNT_AGGREGATE}
+                  "GROUP_P2": 32, "WINDOW": 16, "COUNT": True, "PDL": True, "COUNT_AGGREGATE": ew.COUNT_AGGREGATE,
+                  "PLAN_POLICY": "evict_last" if ew.PLAN_EVICT_LAST else ""}
         yield f"merge_rank {block}x{blocks}", ew._merge_rank_kernel, {}, consts
     yield "runs", ew._runs_kernel, {}, {"BLOCK": 1024, "SPAN": NROWS, "PDL": True}  # after torch.sort only
     # Scratch: fp32, or bf16 bits in int16 on the feature path with bf16 grads (ew._Config.bf16_scratch).
@@ -77,7 +78,8 @@ def variants():
             ew._partials_kernel,
             types,
             {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT, "FOLD_H": 256, "FOLD_BATCH": 16,
-             "PREFETCH_L2": not feature, "LONE": not feature, "SCRATCH_POLICY": "" if feature else "evict_last", "FOLD_STAGES": 0, **skip},
+             "PREFETCH_L2": not feature, "LONE": not feature, "SCRATCH_POLICY": "" if feature else "evict_last", "FOLD_STAGES": 0, **skip,
+             "PLAN_POLICY": "" if feature or not ew.PLAN_EVICT_LAST else "evict_last"},
         )
         yield (
             f"long_runs {tag}",

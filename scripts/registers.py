@@ -48,6 +48,7 @@ def defaults() -> dict:
         "LONE": True,  # n above 4096 (LONE_TOKENS)
         "SCRATCH_POLICY": "evict_last" if ew.SCRATCH_EVICT_LAST else "", "FOLD_STAGES": 0,
         "SKIP_MIN": 0, "SKIP_BLOCK": ew.ZERO_SKIP_BLOCK,  # zero_rows=False (accumulate's default)
+        "PLAN_POLICY": "evict_last" if ew.PLAN_EVICT_LAST else "",  # merge sort (n <= MERGE_SORT_MAX_TOKENS)
     }
 
 

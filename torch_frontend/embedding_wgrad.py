@@ -115,6 +115,17 @@ FIRST_TOKENS = 256
 #: -4.4 us at the same points), so it stores them plainly.
 SCRATCH_EVICT_LAST = True
 
+#: Merge sort: the merge stores the plan's sorted positions and records, and the partials kernel
+#: loads a partial's other positions, with L2 priority evict_last (0.3 MB at 8192 tokens), so that
+#: the rows streaming through L2 do not push them out before the items that read them. H200,
+#: graph replay, two calls with the variant twice in each (NOTES v40), us, off -> on: 4096
+#: uniform 85.8-86.1 -> 85.2-85.4, 4096 Zipf 54.1 -> 53.3-53.4, 8192 uniform 155.6-155.9 ->
+#: 155.1-155.4, 8192 Zipf 89.7-90.4 -> 89.1-90.0, 32768 uniform 569.9-571.1 -> 568.9-569.6;
+#: 16384 and 32768 Zipf even. The records' loads keep the default policy: its register made
+#: ptxas spill at the register target (17 spill instructions) for no further gain, and the
+#: block-sorted keys kept the same way measured even or slower.
+PLAN_EVICT_LAST = True
+
 #: Sort path: the partials kernel loads the next item's record after the current item's rows,
 #: rather than before them (NOTES v12).
 RECORD_HINT = True
@@ -361,7 +372,7 @@ def _wait_for(counter_ptr, target):
 
 @triton.jit
 def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end, live, group, group_cap, lone_tokens,
-                    SPAN: tl.constexpr, GROUP_P2: tl.constexpr):
+                    SPAN: tl.constexpr, GROUP_P2: tl.constexpr, POLICY: tl.constexpr):
     """Sort path: publish a record (_REC) for each of these slots that starts a partial, and list the long runs.
 
     Partials of long runs (more than SPAN slots) go to the front of the record list, the others
@@ -392,11 +403,11 @@ def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end
     grouped = _group_records(ws_ptr, n, max_long_runs) + tl.where(long, index_front, group_cap + index_back) * _REC_FIELDS
     listed_rec = ws_ptr + _REC * n + tl.where(long, index_front, n - 1 - index_back) * _REC_FIELDS
     rec = tl.where(in_group, grouped, listed_rec)
-    tl.store(rec, slot, mask=starts)
-    tl.store(rec + 1, key, mask=starts)
-    tl.store(rec + 2, pos, mask=starts)
-    tl.store(rec + 3, run_start, mask=starts)
-    tl.store(rec + 4, run_end, mask=starts)
+    tl.store(rec, slot, mask=starts, eviction_policy=POLICY)
+    tl.store(rec + 1, key, mask=starts, eviction_policy=POLICY)
+    tl.store(rec + 2, pos, mask=starts, eviction_policy=POLICY)
+    tl.store(rec + 3, run_start, mask=starts, eviction_policy=POLICY)
+    tl.store(rec + 4, run_end, mask=starts, eviction_policy=POLICY)
     first = (live & (key >= 0) & long & (slot == run_start)).to(tl.int32)
     num_first = tl.sum(first, axis=0)
     entry = tl.atomic_add(ws_ptr + _LONG * n, num_first, mask=num_first > 0) + tl.cumsum(first, axis=0) - first
@@ -510,6 +521,7 @@ def _merge_rank_kernel(
     COUNT: tl.constexpr,  # programs past merge_programs count each id's tokens (_count_ids)
     PDL: tl.constexpr,  # launched with programmatic dependent launch
     COUNT_AGGREGATE: tl.constexpr,  # COUNT: one atomic per group of equal keys (_count_ids)
+    PLAN_POLICY: tl.constexpr,  # L2 eviction policy of the sorted positions' and records' stores: "evict_last" or "" (none)
 ):
     """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
 
@@ -561,11 +573,11 @@ def _merge_rank_kernel(
     run_start = tl.sum(lo_lt, axis=1)
     run_end = tl.sum(lo_le, axis=1)
     tl.store(ws_ptr + _KEYS * n + slot, key, mask=live)
-    tl.store(ws_ptr + _POS * n + slot, pos, mask=live)
+    tl.store(ws_ptr + _POS * n + slot, pos, mask=live, eviction_policy=PLAN_POLICY)
     tl.store(ws_ptr + _RUN_START * n + slot, run_start, mask=live)
     tl.store(ws_ptr + _RUN_END * n + slot, run_end, mask=live)
     _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end, live, group, group * BLOCK_U, lone_tokens, SPAN,
-                    GROUP_P2)
+                    GROUP_P2, PLAN_POLICY)
 
 
 @triton.jit
@@ -680,7 +692,7 @@ def _runs_kernel(
     tl.store(ws_ptr + _RUN_START * n + s, lo, mask=live)
     tl.store(ws_ptr + _RUN_END * n + s, lo_end, mask=live)
     pos = tl.load(ws_ptr + _POS * n + s, mask=live, other=0)
-    _append_records(ws_ptr, n, max_long_runs, s, key, pos, lo, lo_end, live, 0, 0, 0, SPAN, 1)
+    _append_records(ws_ptr, n, max_long_runs, s, key, pos, lo, lo_end, live, 0, 0, 0, SPAN, 1, "")
 
 
 @triton.jit
@@ -728,6 +740,7 @@ def _partials_kernel(
     FOLD_STAGES: tl.constexpr,  # sort path: > 0, the folders' sums pipelined over this many stages, FOLD_BATCH partials each (_fold_piped)
     SKIP_MIN: tl.constexpr,  # sort path: runs of this many partials or more flag and skip their zero partials (_fold; 0: none)
     SKIP_BLOCK: tl.constexpr,  # flags a fold reads at once
+    PLAN_POLICY: tl.constexpr,  # sort path: L2 eviction policy of the partials' positions' loads: "evict_last" or "" (none)
 ):
     """Sum every partial over every H block: items (partial, H block), H block fastest.
 
@@ -762,7 +775,7 @@ def _partials_kernel(
         run_start = tl.load(ws_ptr + _RUN_START * n + s)
         _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                  main_grad_stride, s, tl.program_id(0) % num_hb, key, pos0, run_start, 0, ws_ptr, flags_ptr,
-                 FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY, 0)
+                 FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY, 0, "")
     else:
         group_front = tl.load(ws_ptr + _LONG * n + 3)
         group_back = tl.load(ws_ptr + _LONG * n + 4)
@@ -813,7 +826,7 @@ def _partials_kernel(
                 _prefetch_l1(_record_address(ws_ptr, n, max_long_runs, nxt, num_hb, front, group_front, group_back, group_cap))
             _partial(ws_ptr, grad_ptr, main_grad_ptr, partials_ptr, n, hidden, grad_dim1, grad_stride0, grad_stride1, grad_stride_h,
                      main_grad_stride, s, w % num_hb, key, pos0, run_start, run_end, arrivals, flags_ptr,
-                     FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY, SKIP_MIN)
+                     FEATURE_PATH, SPAN, CHUNK_SIZE, GRAD_ROUNDING, MAIN_ROUNDING, BLOCK_H, SCRATCH_POLICY, SKIP_MIN, PLAN_POLICY)
             if PREFETCH:
                 if RECORD_HINT:
                     s, key, pos0, run_start, run_end = _load_record(ws_ptr, n, max_long_runs, w + stride, hi, num_hb, front, group_front,
@@ -924,6 +937,7 @@ def _partial(
     BLOCK_H: tl.constexpr,
     SCRATCH_POLICY: tl.constexpr,  # L2 eviction policy of the scratch stores: "evict_last" or "" (none)
     SKIP_MIN: tl.constexpr,  # sort path: a run of this many partials or more flags each (0: none)
+    PLAN_POLICY: tl.constexpr,  # sort path: L2 eviction policy of the other positions' loads: "evict_last" or "" (none)
 ):
     """The partial that starts at slot s, over H block my_hb (if s starts one): finished, or to the scratch buffer.
 
@@ -988,7 +1002,7 @@ def _partial(
             if nrows > 1:
                 for t in tl.static_range(1, SPAN):
                     take = t < nrows
-                    pos_t = tl.load(pos_ptr + s + t, mask=take, other=0)
+                    pos_t = tl.load(pos_ptr + s + t, mask=take, other=0, eviction_policy=PLAN_POLICY)
                     grad_row = _grad_row(pos_t, grad_dim1, grad_stride0, grad_stride1)
                     g = tl.load(grad_ptr + grad_row + cols * grad_stride_h, mask=cols < tl.where(take, hidden, 0), other=0.0)
                     acc += g.to(tl.float32)  # acc is never -0, so adding +0 for a row not taken leaves it
@@ -1266,6 +1280,7 @@ class _Config:
     long_programs: int
     long_batch: int  # partials loaded at once by _long_runs_kernel
     scratch_evict_last: bool  # long runs' partials stored with L2 priority evict_last (SCRATCH_EVICT_LAST)
+    plan_evict_last: bool  # merge sort: the sorted positions and records kept in L2 the same way (PLAN_EVICT_LAST)
     long_warps: int
     max_long_runs: int
     count_aggregate: bool  # merge sort with lone tokens: one atomic per group of equal keys in the count (COUNT_AGGREGATE)
@@ -1333,6 +1348,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         long_programs=max(1, min(max_long_runs, max(64, min(4096 // long_hb, n // 128)))),
         long_batch=32 if feature else LONG_FOLD[1],
         scratch_evict_last=SCRATCH_EVICT_LAST,
+        plan_evict_last=PLAN_EVICT_LAST and not feature and n <= MERGE_SORT_MAX_TOKENS,  # measured there (the merge writes the plan)
         long_warps=1,
         max_long_runs=max_long_runs,
         count_aggregate=COUNT_AGGREGATE,
@@ -1555,6 +1571,7 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
             GROUP_P2=triton.next_power_of_2(max(group, 1)),
             COUNT=counts is not None,
             COUNT_AGGREGATE=cfg.count_aggregate,
+            PLAN_POLICY="evict_last" if cfg.plan_evict_last else "",
         )
         return plan
     plan = _Plan(ws, n, cfg.max_long_runs, group_cap)
@@ -1642,6 +1659,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         FOLD_STAGES=cfg.fold_stages,
         SKIP_MIN=cfg.zero_skip,
         SKIP_BLOCK=cfg.skip_block,
+        PLAN_POLICY="evict_last" if cfg.plan_evict_last else "",
     )
     return partials, flags
 
