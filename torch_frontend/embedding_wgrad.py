@@ -121,9 +121,10 @@ SCRATCH_EVICT_LAST = True
 #: graph replay, two calls with the variant twice in each (NOTES v40), us, off -> on: 4096
 #: uniform 85.8-86.1 -> 85.2-85.4, 4096 Zipf 54.1 -> 53.3-53.4, 8192 uniform 155.6-155.9 ->
 #: 155.1-155.4, 8192 Zipf 89.7-90.4 -> 89.1-90.0, 32768 uniform 569.9-571.1 -> 568.9-569.6;
-#: 16384 and 32768 Zipf even. The records' loads keep the default policy: its register made
-#: ptxas spill at the register target (17 spill instructions) for no further gain, and the
-#: block-sorted keys kept the same way measured even or slower.
+#: 16384 and 32768 Zipf even. The records' loads keep the default policy: with it too the call
+#: measured no faster on the H200 (Triton 3.6), and offline Triton 3.9 then spills at the
+#: register target (17 spill instructions); the block-sorted keys kept in L2 the same way
+#: measured even or slower.
 PLAN_EVICT_LAST = True
 
 #: Sort path: the partials kernel loads the next item's record after the current item's rows,
