@@ -124,7 +124,11 @@ TAIL_PROGRAMS_PER_SM = 24
 #: Merge sort: the merge stores the sorted positions and the records, and the partials kernel
 #: loads a partial's other positions, with L2 priority evict_last, as the torch twin
 #: (PLAN_EVICT_LAST there), so that the streamed rows do not push them out of L2 before the
-#: items that read them. H200, chains of 300 calls, in one process (NOTES v40).
+#: items that read them. H200, chains of 300 calls, twice each in one process (NOTES v40), us,
+#: off -> on: 4096 uniform 88.1 -> 87.2-87.8, 8192 uniform 163.1 -> 162.5, 8192 Zipf 97.5-97.6
+#: -> 96.5-97.2. Weaker evidence than the torch twin's: 32768 uniform, where lax.sort makes the
+#: plan and nothing changed, moved 0.7-1.6 us the same way. Kept for the same mechanism; slower
+#: nowhere. The records' loads with evict_last too measured even (NOTES v40 item 6).
 PLAN_EVICT_LAST = True
 
 #: The ways to sort (_Config.sort).
