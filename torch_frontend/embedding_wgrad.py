@@ -1349,7 +1349,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         long_programs=max(1, min(max_long_runs, max(64, min(4096 // long_hb, n // 128)))),
         long_batch=32 if feature else LONG_FOLD[1],
         scratch_evict_last=SCRATCH_EVICT_LAST,
-        plan_evict_last=PLAN_EVICT_LAST and not feature and n <= MERGE_SORT_MAX_TOKENS,  # measured there (the merge writes the plan)
+        plan_evict_last=PLAN_EVICT_LAST,  # (used where the merge sort makes the plan: measured there)
         long_warps=1,
         max_long_runs=max_long_runs,
         count_aggregate=COUNT_AGGREGATE,
@@ -1660,7 +1660,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         FOLD_STAGES=cfg.fold_stages,
         SKIP_MIN=cfg.zero_skip,
         SKIP_BLOCK=cfg.skip_block,
-        PLAN_POLICY="evict_last" if cfg.plan_evict_last else "",
+        PLAN_POLICY="evict_last" if cfg.plan_evict_last and cfg.sort == "merge" else "",
     )
     return partials, flags
 
