@@ -81,6 +81,23 @@ VARIANTS = {
     "no evict last": dict(scratch_evict_last=False),
     # v40: the merge sort's positions and records kept in L2 with evict_last (PLAN_EVICT_LAST), or not.
     "no plan evict last": dict(plan_evict_last=False),
+    # v41: the first positions' rows prefetched into L2 with priority evict_last (createpolicy), so
+    # that they survive until their items come; more of them than the first records' group. The
+    # default since v41: main_grad's lines only (PREFETCH_EVICT_LAST = 2); 3: grad's too; 1: grad's only.
+    "no pf evict_last": dict(prefetch_evict_last=0),
+    "pf evict_last": dict(prefetch_evict_last=3),
+    "pf evict_last 2": dict(prefetch_evict_last=3),  # (the same again, later in the run)
+    "default 2": {},
+    "pf 512": dict(l2_prefetch_tokens=512),
+    "pf evict_last 512": dict(prefetch_evict_last=3, l2_prefetch_tokens=512),
+    "pf evict_last 512 2": dict(prefetch_evict_last=3, l2_prefetch_tokens=512),
+    "pf evict_last 1024": dict(prefetch_evict_last=3, l2_prefetch_tokens=1024),
+    "pf evict_last first 512": dict(prefetch_evict_last=3, first_tokens=512, l2_prefetch_tokens=512),
+    "pf evict_last grad": dict(prefetch_evict_last=1),
+    "pf evict_last main": dict(prefetch_evict_last=2),
+    "pf evict_last 128": dict(prefetch_evict_last=3, l2_prefetch_tokens=128),
+    "pf evict_last 384": dict(prefetch_evict_last=3, l2_prefetch_tokens=384),
+    "pf evict_last grad 512": dict(prefetch_evict_last=1, l2_prefetch_tokens=512),
     # v11: merge blocks of 128 tokens where they were 256 (block sort half the compares; twice
     # the blocks per search), 1024 or 2048 lanes per merge program.
     "block 128": dict(merge_block=128, merge_blocks=lambda c: 2 * c.merge_blocks, merge_u=lambda c: max(1, 1024 // (2 * c.merge_blocks)),

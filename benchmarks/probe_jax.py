@@ -29,6 +29,21 @@ VARIANTS = {
     "default": (),
     # v40: the merge sort's positions and records kept in L2 with evict_last (PLAN_EVICT_LAST), or not.
     "no plan evict last": (("plan_evict_last", False),),
+    # v41: extra merge-kernel programs read the first positions' rows into L2 (evict_last) while the merge runs
+    # (the default since v41: ROWS_AHEAD = 256).
+    "no rows ahead": (("rows_ahead", 0),),
+    "rows ahead 256": (("rows_ahead", 256),),
+    "rows ahead 512": (("rows_ahead", 512),),
+    "rows ahead 512 2": (("rows_ahead", 512),),
+    "rows ahead 1024": (("rows_ahead", 1024),),
+    "rows ahead 512 per 8": (("rows_ahead", 512), ("rows_ahead_per", 8)),
+    "rows ahead 128": (("rows_ahead", 128),),
+    "rows ahead 192": (("rows_ahead", 192),),
+    "rows ahead 256 2": (("rows_ahead", 256),),
+    "rows ahead 256 per 2": (("rows_ahead", 256), ("rows_ahead_per", 2)),
+    "rows ahead 256 per 8": (("rows_ahead", 256), ("rows_ahead_per", 8)),
+    "rows ahead 384": (("rows_ahead", 384),),
+    "default 2": (),
     # v29: zero partials (Megatron's masked tokens) skipped by the folds: off, more flags a block, more runs flagged
     "skip off": (("zero_skip", 0),),
     "skip block 256": (("skip_block", 256),),

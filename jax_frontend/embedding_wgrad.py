@@ -131,6 +131,20 @@ TAIL_PROGRAMS_PER_SM = 24
 #: nowhere. The records' loads with evict_last too measured even (NOTES v40 item 6).
 PLAN_EVICT_LAST = True
 
+#: Merge sort on a GPU: the merge kernel gets programs past its own that read the grad rows of
+#: positions [0, ROWS_AHEAD) and the main_grad rows of their ids, ROWS_AHEAD_PIECES (position, H
+#: block) pieces each, with L2 priority evict_last, while the merge runs and DRAM idles (the
+#: torch twin's partials kernel prefetches them then, with PDL, which XLA does not give). The
+#: partials kernel's items then find them in L2; their own loads make them ordinary lines again.
+#: H200, chains of 300 calls (NOTES v41), us, none -> 256: 4096 uniform 87.7-87.9 -> 87.0 and
+#: 88.8-91.5 -> 87.9, 8192 uniform 162.1-162.5 -> 160.9 and 163.7-164.2 -> 161.9-162.6, 8192 Zipf
+#: 96.9-97.1 -> 95.5 and 97.9-98.3 -> 97.4-97.7, 32768 uniform 576.4-577.7 -> 574.2 and 575.1-575.2
+#: -> 573.5-574.0; 128 / 192 / 384 positions, 2 or 8 pieces a program within the chains' spread,
+#: 512 and 1024 slower. Off in interpret mode (a hint only; tests force it to check that it
+#: changes no bit).
+ROWS_AHEAD = 256
+ROWS_AHEAD_PIECES = 4
+
 #: The ways to sort (_Config.sort).
 MERGE, RANK, PACKED, PAIRS = "merge", "rank", "packed", "pairs"
 
@@ -301,6 +315,7 @@ def _merge_rank_kernel(
     block_u: int,  # block-sorted tokens per program
     unroll: bool,  # the steps unrolled (as the torch twin), else a loop
     plan_policy: str | None,  # L2 eviction policy of the sorted positions' and records' stores (PLAN_EVICT_LAST), or None
+    pid=None,  # the program id, when read by a caller (interpret mode has no program ids inside pl.when)
 ):
     """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
 
@@ -309,7 +324,7 @@ def _merge_rank_kernel(
     <= it (plan.merge_ranks).
     """
     del counts_in_ref
-    u0 = pl.program_id(0) * block_u
+    u0 = (pl.program_id(0) if pid is None else pid) * block_u
     u = u0 + lax.iota(jnp.int32, block_u)
     live = u < n
     key = plgpu.load(block_keys_ref.at[pl.ds(u0, block_u)], mask=live, other=0)
@@ -951,6 +966,8 @@ class _Config:
     rank_warps: int = 4  # _rank_kernel's num_warps: 8 or 16 measured 5-6 us slower at 2048-3072 Zipf (NOTES v18 item 1)
     tail_programs: int = 0  # sort path: _partials_kernel's last programs (but the folders), which take the last items, one each
     plan_evict_last: bool = False  # merge sort: the sorted positions and records kept in L2 (PLAN_EVICT_LAST)
+    rows_ahead: int = 0  # merge sort: extra merge-kernel programs read the rows of positions [0, this) into L2 (ROWS_AHEAD)
+    rows_ahead_per: int = ROWS_AHEAD_PIECES  # (position, H block) pieces per such program
     # Inside jax.shard_map: the ShapeDtypeStruct keyword that makes every kernel's outputs vary
     # over main_grad's manual mesh axes, as (name, value) (_mesh_axes); () outside.
     vary: tuple = ()
@@ -1041,6 +1058,7 @@ def _config(problem: Problem, path: str, overrides: tuple = (), zero_rows: bool 
         bf16_scratch=feature and problem.grad_dtype == "bfloat16" and n >= BF16_SCRATCH_MIN_TOKENS,
         tail_programs=0 if feature else (3 if interpret else TAIL_PROGRAMS_PER_SM * _gpu_sms() if n <= FOLD_ROLE_MAX_TOKENS else 0),
         plan_evict_last=PLAN_EVICT_LAST,  # (used where the merge sort makes the plan)
+        rows_ahead=0 if interpret or feature else ROWS_AHEAD,  # (used where the merge sort makes the plan)
     )
     cfg = dataclasses.replace(cfg, **forced)
     if cfg.bf16_scratch and (not feature or problem.grad_dtype != "bfloat16"):
@@ -1142,8 +1160,46 @@ def _plan_shapes(n: int, cfg: _Config):
     ]
 
 
-def _merge_sort(ids, problem: Problem, cfg: _Config):
-    """Stages 1 and 2 by the merge-rank sort: (sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals)."""
+def _merge_rows_ahead_kernel(block_keys_ref, block_pos_ref, counts_in_ref, ids_ref, grad_ref, main_grad_in_ref, sorted_keys_ref,
+                             sorted_pos_ref, run_start_ref, run_end_ref, counts_ref, records_ref, long_runs_ref, arrivals_ref,
+                             main_grad_ref, sink_ref, *, merge_programs: int, tokens: int, per: int, hidden: int, block_h: int,
+                             num_embeddings: int, padding_idx: int, **merge):
+    """Probe (NOTES v41): _merge_rank_kernel's programs, then programs that read the (position, H block) pieces of grad and of
+    main_grad at the position's id for positions [0, tokens), per pieces each, with L2 priority evict_last, while the merge
+    runs (DRAM idles during the plan; JAX has no PDL to let the partials kernel's programs prefetch, as the torch twin's do).
+
+    The values are kept alive by a store into sink_ref (never read) under a mask that depends on them."""
+    del main_grad_in_ref
+    q = pl.program_id(0)
+
+    @pl.when(q < merge_programs)
+    def _():
+        _merge_rank_kernel(block_keys_ref, block_pos_ref, counts_in_ref, sorted_keys_ref, sorted_pos_ref, run_start_ref,
+                           run_end_ref, counts_ref, records_ref, long_runs_ref, arrivals_ref, pid=q, **merge)
+
+    @pl.when(q >= merge_programs)
+    def _():
+        num_hb = pl.cdiv(hidden, block_h)
+        cols = lax.iota(jnp.int32, block_h)
+        acc = jnp.zeros((block_h,), jnp.float32)
+        for j in range(per):
+            v = (q - merge_programs) * per + j
+            take = v < tokens * num_hb
+            pos = jnp.minimum(v // num_hb, tokens - 1)
+            h0 = (v % num_hb) * block_h
+            live_h = (h0 + cols < hidden) & take
+            key = _keys(plgpu.load(ids_ref.at[pos]), num_embeddings, padding_idx)
+            keep = live_h & (key >= 0)
+            g = plgpu.load(grad_ref.at[pos, pl.ds(h0, block_h)], mask=live_h, other=0, eviction_policy="evict_last")
+            m = plgpu.load(main_grad_ref.at[jnp.maximum(key, 0), pl.ds(h0, block_h)], mask=keep, other=0,
+                           eviction_policy="evict_last")
+            acc = acc + g.astype(jnp.float32) + m.astype(jnp.float32)
+        plgpu.store(sink_ref.at[pl.ds(0, block_h)], acc, mask=acc == 1.0e-30)
+
+
+def _merge_sort(ids, grad, main_grad, problem: Problem, cfg: _Config):
+    """Stages 1 and 2 by the merge-rank sort: (sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals,
+    main_grad); main_grad is passed through (aliased), its rows read ahead with cfg.rows_ahead."""
     n = problem.num_tokens
     slots = _sds(cfg, (n,), jnp.int32)
     block_keys, block_pos, counts = _call(
@@ -1159,21 +1215,38 @@ def _merge_sort(ids, problem: Problem, cfg: _Config):
         block_i=min(cfg.merge_block_i, cfg.merge_block),
         tile=cfg.merge_tile,
     )(ids)
-    return _call(
+    merge = dict(n=n, block=cfg.merge_block, num_blocks=cfg.merge_blocks, steps=cfg.merge_block.bit_length(), block_u=cfg.merge_u,
+                 unroll=cfg.unroll, plan_policy="evict_last" if cfg.plan_evict_last else None)
+    if cfg.rows_ahead:
+        tokens = min(n, cfg.rows_ahead)
+        merge_programs = pl.cdiv(n, cfg.merge_u)
+        extra = pl.cdiv(tokens * pl.cdiv(problem.hidden, cfg.block_h), cfg.rows_ahead_per)
+        return _call(
+            _merge_rows_ahead_kernel,
+            cfg,
+            out_shape=[slots, slots, slots, slots, *_plan_shapes(n, cfg), _sds(cfg, main_grad.shape, main_grad.dtype),
+                       _sds(cfg, (cfg.block_h,), jnp.float32)],
+            grid=(merge_programs + extra,),
+            input_output_aliases={2: 4, 5: 8},
+            name="embwgrad_merge_rank",
+            merge_programs=merge_programs,
+            tokens=tokens,
+            per=cfg.rows_ahead_per,
+            hidden=problem.hidden,
+            block_h=cfg.block_h,
+            num_embeddings=problem.num_embeddings,
+            padding_idx=problem.padding_idx,
+            **merge,
+        )(block_keys, block_pos, counts, ids, grad, main_grad)[:-1]
+    return (*_call(
         _merge_rank_kernel,
         cfg,
         out_shape=[slots, slots, slots, slots, *_plan_shapes(n, cfg)],
         grid=(pl.cdiv(n, cfg.merge_u),),
         input_output_aliases={2: 4},
         name="embwgrad_merge_rank",
-        n=n,
-        block=cfg.merge_block,
-        num_blocks=cfg.merge_blocks,
-        steps=cfg.merge_block.bit_length(),
-        block_u=cfg.merge_u,
-        unroll=cfg.unroll,
-        plan_policy="evict_last" if cfg.plan_evict_last else None,
-    )(block_keys, block_pos, counts)
+        **merge,
+    )(block_keys, block_pos, counts), main_grad)
 
 
 def _sort(ids, problem: Problem, cfg: _Config):
@@ -1317,7 +1390,8 @@ def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config) -> _Stages
     """All stages on ids [n] (flattened) and grad [n, H] into main_grad [V, H] (aliased)."""
     partial_ord = None
     if cfg.sort == MERGE:
-        sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals = _merge_sort(ids, problem, cfg)
+        sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals, main_grad = _merge_sort(ids, grad, main_grad,
+                                                                                                                   problem, cfg)
     elif cfg.path == FEATURE:  # _rank_kernel makes the whole plan
         sorted_keys, sorted_pos, partial_ord, run_start, run_end, counts, records, long_runs, arrivals = _sort(ids, problem, cfg)
     else:

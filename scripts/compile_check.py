@@ -79,7 +79,7 @@ def variants():
             types,
             {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT, "FOLD_H": 256, "FOLD_BATCH": 16,
              "PREFETCH_L2": not feature, "LONE": not feature, "SCRATCH_POLICY": "" if feature else "evict_last", "FOLD_STAGES": 0, **skip,
-             "PLAN_POLICY": "" if feature or not ew.PLAN_EVICT_LAST else "evict_last"},
+             "PLAN_POLICY": "" if feature or not ew.PLAN_EVICT_LAST else "evict_last", "PREFETCH_EVICT_LAST": 0 if feature else ew.PREFETCH_EVICT_LAST},
         )
         yield (
             f"long_runs {tag}",

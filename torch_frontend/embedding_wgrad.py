@@ -106,6 +106,17 @@ SMALL_PARTIAL_PROGRAMS_PER_SM = ((4096, 64), (8192, 96))
 #: and 8192 uniform ids than none; 512 and more, less (NOTES v10). JAX has no PDL, so no twin.
 FIRST_TOKENS = 256
 
+#: Those prefetched lines' L2 priority, as a bit mask: 1 grad's, 2 main_grad's, with priority
+#: evict_last (createpolicy), so that they stay in L2 until their items read them, whatever
+#: streams through it first (do_bench's flush leaves L2 full of dirty lines); an item's own
+#: loads and stores of the rows, with the default priority, then make them ordinary lines again.
+#: H200, graph replay, two calls (NOTES v41), us, none -> main_grad's -> both: 4096 uniform
+#: 85.7 -> 83.8 -> 83.4-84.0, 8192 uniform 155.3 -> 152.6 -> 152.7-152.8, 8192 Zipf 89.9-90.1 ->
+#: 90.1 -> 90.5-90.7, 4096 Zipf 53.9-54.0 -> 53.4 -> 53.6-53.8, 16384 Zipf 173.6-173.8 -> 173.7
+#: -> 173.9-174.0; grad's alone 85.4 / 154.6 / 90.3. So main_grad's: the uniform gain without the
+#: Zipf loss. 128 or 384 prefetched positions instead of 256 measured less good (NOTES v41).
+PREFETCH_EVICT_LAST = 2
+
 #: The long runs' partials are stored with L2 priority evict_last, so that more of them are
 #: still in L2 when they are folded (both paths; measured on the sort path, where it matters:
 #: the feature path's scratch is small). H200, graph replay (NOTES v11): 8192 Zipf 95.4 ->
@@ -346,16 +357,29 @@ def _group_records(ws_ptr, n, max_long_runs):
 
 
 @triton.jit
-def _prefetch_l2(addr, nbytes, mask):
-    """cp.async.bulk.prefetch.L2 of nbytes (a multiple of 16) from addr (16-byte aligned) where mask: a hint, no data."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r,r",
-        [addr, nbytes, mask.to(tl.int32)],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
+def _prefetch_l2(addr, nbytes, mask, EVICT_LAST: tl.constexpr = False):
+    """cp.async.bulk.prefetch.L2 of nbytes (a multiple of 16) from addr (16-byte aligned) where mask: a hint, no data.
+
+    EVICT_LAST: the lines get L2 priority evict_last (createpolicy), as Triton's own evict_last loads."""
+    if EVICT_LAST:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b64 pol; setp.ne.b32 p, $3, 0; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
+            "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.u32 $0, 0; }",
+            "=r,l,r,r",
+            [addr, nbytes, mask.to(tl.int32)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    else:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r,r",
+            [addr, nbytes, mask.to(tl.int32)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
 
 @triton.jit
@@ -742,6 +766,7 @@ def _partials_kernel(
     SKIP_MIN: tl.constexpr,  # sort path: runs of this many partials or more flag and skip their zero partials (_fold; 0: none)
     SKIP_BLOCK: tl.constexpr,  # flags a fold reads at once
     PLAN_POLICY: tl.constexpr,  # sort path: L2 eviction policy of the partials' positions' loads: "evict_last" or "" (none)
+    PREFETCH_EVICT_LAST: tl.constexpr,  # PREFETCH_L2's lines with L2 priority evict_last: 1 grad's, 2 main_grad's, 3 both
 ):
     """Sum every partial over every H block: items (partial, H block), H block fastest.
 
@@ -758,7 +783,7 @@ def _partials_kernel(
     """
     if PREFETCH_L2:  # before the wait: the plan is still being made, DRAM is idle (NOTES v10)
         _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidden, prefetch_tokens, grad_dim1,
-                             grad_stride0, grad_stride1, main_grad_stride, BLOCK_H)
+                             grad_stride0, grad_stride1, main_grad_stride, BLOCK_H, PREFETCH_EVICT_LAST)
     if LONE:
         if tl.program_id(0) < lone_programs:  # with PDL while the merge still runs; no wait on the plan
             _lone_tokens(ws_ptr, n, ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_embeddings, padding_idx, hidden, lone_tokens,
@@ -867,7 +892,7 @@ def _load_record(ws_ptr, n, max_long_runs, w, end, num_hb, front, group_front, g
 
 @triton.jit
 def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidden, prefetch_tokens, grad_dim1, grad_stride0,
-                         grad_stride1, main_grad_stride, BLOCK_H: tl.constexpr):
+                         grad_stride1, main_grad_stride, BLOCK_H: tl.constexpr, EVICT_LAST: tl.constexpr = 0):
     """Prefetch into L2 the (position, H block) pieces of grad and of main_grad at the position's id, for positions
     [0, prefetch_tokens), 32 pieces per program from program 0 on: a hint, no data comes back.
 
@@ -887,8 +912,8 @@ def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidde
         msize: tl.constexpr = main_grad_ptr.dtype.element_ty.primitive_bitwidth // 8
         g_addr = (grad_ptr + _grad_row(p, grad_dim1, grad_stride0, grad_stride1) + col).to(tl.int64)
         m_addr = (main_grad_ptr + key.to(tl.int64) * main_grad_stride + col).to(tl.int64)
-        _prefetch_l2(g_addr, (width * gsize).to(tl.int32), take)
-        _prefetch_l2(m_addr, (width * msize).to(tl.int32), keep)
+        _prefetch_l2(g_addr, (width * gsize).to(tl.int32), take, (EVICT_LAST & 1) != 0)
+        _prefetch_l2(m_addr, (width * msize).to(tl.int32), keep, (EVICT_LAST & 2) != 0)
 
 
 @triton.jit(noinline=True)
@@ -1258,6 +1283,7 @@ class _Config:
     merge_window: int  # keys per window whose last key the merge compares first (0: plain binary searches)
     first_tokens: int  # merge sort: the records of positions [0, this) come first (a multiple of merge_block; 0: none)
     l2_prefetch_tokens: int  # merge sort with PDL: their rows are prefetched into L2 while the plan is made (0: none)
+    prefetch_evict_last: int  # those prefetched lines with L2 priority evict_last: 1 grad's, 2 main_grad's, 3 both (PREFETCH_EVICT_LAST)
     lone_tokens: int  # merge sort: lone tokens of positions [0, this) are added before the plan (LONE_TOKENS; 0: none)
     lone_per_program: int  # positions per lone program (LONE_PER_PROGRAM)
     block_i: int  # _rank_kernel tiles
@@ -1324,6 +1350,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         merge_window=MERGE_WINDOW if n <= MERGE_WINDOW_MAX_TOKENS else 0,
         first_tokens=first_tokens,
         l2_prefetch_tokens=first_tokens,
+        prefetch_evict_last=PREFETCH_EVICT_LAST,
         lone_tokens=0 if feature or n > MERGE_SORT_MAX_TOKENS else n // 2 if interpret else min(n, next((t for bound, t in LONE_TOKENS if n <= bound), 0)),
         lone_per_program=LONE_PER_PROGRAM,
         block_i=block_i,
@@ -1661,6 +1688,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         SKIP_MIN=cfg.zero_skip,
         SKIP_BLOCK=cfg.skip_block,
         PLAN_POLICY="evict_last" if cfg.plan_evict_last and cfg.sort == "merge" else "",
+        PREFETCH_EVICT_LAST=cfg.prefetch_evict_last if prefetch else 0,
     )
     return partials, flags
 
