@@ -8,8 +8,10 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
    merge_block(n) tokens by counting, then ``_merge_rank_kernel`` ranks every token in each
    other block by binary search and writes the sorted keys, positions, run starts and run
    ends (embwgrad_core.merge_ranks is the model; about 10 us for 8192 tokens, against about
-   50 us for XLA's sort). Above it ``lax.sort`` (see ``_sort``), where XLA uses CUB's radix
-   sort and the grad bytes dwarf it.
+   50 us for XLA's sort). On a GPU the merge kernel's grid also has programs that read the
+   first ROWS_AHEAD positions' grad rows and main_grad rows into L2 while it merges
+   (``_merge_rows_ahead_kernel``; DRAM idles during the plan). Above it ``lax.sort`` (see
+   ``_sort``), where XLA uses CUB's radix sort and the grad bytes dwarf it.
    Feature path: ``_rank_kernel`` ranks each token by counting the tokens that sort before
    it, which also gives every token its chunk's ordinal within its run and, from the tokens
    of its key before it and in all, its run's start and end: the whole plan.
@@ -126,9 +128,9 @@ TAIL_PROGRAMS_PER_SM = 24
 #: (PLAN_EVICT_LAST there), so that the streamed rows do not push them out of L2 before the
 #: items that read them. H200, chains of 300 calls, twice each in one process (NOTES v40), us,
 #: off -> on: 4096 uniform 88.1 -> 87.2-87.8, 8192 uniform 163.1 -> 162.5, 8192 Zipf 97.5-97.6
-#: -> 96.5-97.2. Weaker evidence than the torch twin's: 32768 uniform, where lax.sort makes the
-#: plan and nothing changed, moved 0.7-1.6 us the same way. Kept for the same mechanism; slower
-#: nowhere. The records' loads with evict_last too measured even (NOTES v40 item 6).
+#: -> 96.5-97.2, 32768 uniform 576.8-578.2 -> 576.1-576.6 (NOTES v40 took that point for a
+#: control, but this frontend's merge sort makes the plan up to MERGE_SORT_MAX_TOKENS, 32768 too:
+#: NOTES v41). Slower nowhere. The records' loads with evict_last too measured even (NOTES v40 item 6).
 PLAN_EVICT_LAST = True
 
 #: Merge sort on a GPU: the merge kernel gets programs past its own that read the grad rows of

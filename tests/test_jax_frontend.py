@@ -98,6 +98,17 @@ def test_random_cases_match_core_reference(shape, vocab, hidden, padding, path, 
 SORT_CASES = [c for c in cpu_cases() if c.name in ("s-runs-f32-bf16", "s-padding", "ids-out-of-range")]
 
 
+@pytest.mark.parametrize("tokens, per", [(5, 3), (10**6, 2)])
+@pytest.mark.parametrize("case", SORT_CASES, ids=lambda c: c.name)
+def test_rows_ahead_change_no_bit(case: Case, tokens, per):
+    """The merge kernel's programs that read rows into L2 ahead (ROWS_AHEAD: off in interpret mode by default), forced on:
+    a last program with fewer pieces than the others, and more positions asked for than the call has."""
+    case = dataclasses.replace(case, path=SORT)
+    ids, grad, main_grad = case.arrays()
+    expected = reference.accumulate(ids, grad, main_grad, padding_idx=case.padding_idx, path=SORT)
+    assert_bits_equal(run_kernels(case, ids, grad, main_grad, sort=ew.MERGE, rows_ahead=tokens, rows_ahead_per=per), expected)
+
+
 @pytest.mark.parametrize("sort", [ew.PACKED, ew.PAIRS])
 @pytest.mark.parametrize("case", SORT_CASES, ids=lambda c: c.name)
 def test_lax_sorts_match_core_reference(case: Case, sort):

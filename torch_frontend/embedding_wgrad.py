@@ -28,7 +28,8 @@ synchronisation:
    program is spent on a slot that starts none, and its last programs take one item each; each
    program asks L1 for its next item's record before the current item's rows (RECORD_HINT);
    with PDL its programs first prefetch the first positions' rows into L2 (a hint, while the
-   plan is still being made), then wait; feature path: one program per (slot, H block).
+   plan is still being made; main_grad's lines with priority evict_last, PREFETCH_EVICT_LAST),
+   then wait; feature path: one program per (slot, H block).
    A run of one partial is finished there (rounded and added into main_grad); a longer run's
    partials go to a scratch buffer (sort path: each counts itself in its run's arrival counter;
    feature path: the run's last partial lists the run). A partial of one row (most of them when
@@ -103,7 +104,8 @@ SMALL_PARTIAL_PROGRAMS_PER_SM = ((4096, 64), (8192, 96))
 
 #: Merge sort: the records of the first positions (whole merge blocks) come first, and with PDL
 #: their rows are prefetched into L2 while the plan is made. 256 measured 1-2 us faster at 4096
-#: and 8192 uniform ids than none; 512 and more, less (NOTES v10). JAX has no PDL, so no twin.
+#: and 8192 uniform ids than none; 512 and more, less (NOTES v10). XLA launches the JAX twin's
+#: kernels without that overlap, so its merge kernel reads those rows instead (ROWS_AHEAD there).
 FIRST_TOKENS = 256
 
 #: Those prefetched lines' L2 priority, as a bit mask: 1 grad's, 2 main_grad's, with priority
