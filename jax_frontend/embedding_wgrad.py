@@ -1166,11 +1166,13 @@ def _merge_rows_ahead_kernel(block_keys_ref, block_pos_ref, counts_in_ref, ids_r
                              sorted_pos_ref, run_start_ref, run_end_ref, counts_ref, records_ref, long_runs_ref, arrivals_ref,
                              main_grad_ref, sink_ref, *, merge_programs: int, tokens: int, per: int, hidden: int, block_h: int,
                              num_embeddings: int, padding_idx: int, **merge):
-    """Probe (NOTES v41): _merge_rank_kernel's programs, then programs that read the (position, H block) pieces of grad and of
-    main_grad at the position's id for positions [0, tokens), per pieces each, with L2 priority evict_last, while the merge
-    runs (DRAM idles during the plan; JAX has no PDL to let the partials kernel's programs prefetch, as the torch twin's do).
+    """Merge sort with ROWS_AHEAD: _merge_rank_kernel's programs, then programs that read the (position, H block) pieces of
+    grad and of main_grad at the position's id for positions [0, tokens), per pieces each, with L2 priority evict_last, while
+    the merge runs (DRAM idles during the plan; XLA gives no PDL to let the partials kernel's programs prefetch them then, as
+    the torch twin's do). main_grad passes through (aliased) and is only read.
 
-    The values are kept alive by a store into sink_ref (never read) under a mask that depends on them."""
+    The values are kept alive by a store into sink_ref (never read) under a mask that depends on them (a load whose value
+    is unused is dropped)."""
     del main_grad_in_ref
     q = pl.program_id(0)
 

@@ -358,30 +358,26 @@ def _group_records(ws_ptr, n, max_long_runs):
     return _arrivals(ws_ptr, n, max_long_runs) + n
 
 
+#: cp.async.bulk.prefetch.L2 where $3 is nonzero; the second gives the lines L2 priority evict_last (createpolicy).
+_PREFETCH_L2 = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }")
+_PREFETCH_L2_EVICT_LAST = tl.constexpr(
+    "{ .reg .pred p; .reg .b64 pol; setp.ne.b32 p, $3, 0; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
+    "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.u32 $0, 0; }")
+
+
 @triton.jit
 def _prefetch_l2(addr, nbytes, mask, EVICT_LAST: tl.constexpr = False):
     """cp.async.bulk.prefetch.L2 of nbytes (a multiple of 16) from addr (16-byte aligned) where mask: a hint, no data.
 
-    EVICT_LAST: the lines get L2 priority evict_last (createpolicy), as Triton's own evict_last loads."""
-    if EVICT_LAST:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .b64 pol; setp.ne.b32 p, $3, 0; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
-            "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.u32 $0, 0; }",
-            "=r,l,r,r",
-            [addr, nbytes, mask.to(tl.int32)],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-    else:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r,r",
-            [addr, nbytes, mask.to(tl.int32)],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
+    EVICT_LAST: the lines get L2 priority evict_last, as Triton's own evict_last loads give theirs."""
+    tl.inline_asm_elementwise(
+        _PREFETCH_L2_EVICT_LAST if EVICT_LAST else _PREFETCH_L2,
+        "=r,l,r,r",
+        [addr, nbytes, mask.to(tl.int32)],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
