@@ -366,7 +366,7 @@ _PREFETCH_L2_EVICT_LAST = tl.constexpr(
 
 
 @triton.jit
-def _prefetch_l2(addr, nbytes, mask, EVICT_LAST: tl.constexpr = False):
+def _prefetch_l2(addr, nbytes, mask, EVICT_LAST: tl.constexpr):
     """cp.async.bulk.prefetch.L2 of nbytes (a multiple of 16) from addr (16-byte aligned) where mask: a hint, no data.
 
     EVICT_LAST: the lines get L2 priority evict_last, as Triton's own evict_last loads give theirs."""
@@ -890,7 +890,7 @@ def _load_record(ws_ptr, n, max_long_runs, w, end, num_hb, front, group_front, g
 
 @triton.jit
 def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidden, prefetch_tokens, grad_dim1, grad_stride0,
-                         grad_stride1, main_grad_stride, BLOCK_H: tl.constexpr, EVICT_LAST: tl.constexpr = 0):
+                         grad_stride1, main_grad_stride, BLOCK_H: tl.constexpr, EVICT_LAST: tl.constexpr):
     """Prefetch into L2 the (position, H block) pieces of grad and of main_grad at the position's id, for positions
     [0, prefetch_tokens), 32 pieces per program from program 0 on: a hint, no data comes back.
 
