@@ -107,11 +107,12 @@ def same_bits(a, b) -> bool:
 
 
 def probe_inputs(points):
-    """The torch probes' inputs at the real shape (tests.cases.REAL_V, REAL_H), seeded: one
-    main_grad, then per (n, dist) point (n, dist, ids as NumPy, ids, bf16 grad, main_grad, and
-    main_grad after the deterministic dense path)."""
-    from tests.cases import REAL_H, REAL_V
+    """The torch probes' inputs at the real shape (tests.cases.REAL_V, REAL_H; PROBE_SHAPE for
+    another), seeded: one main_grad, then per (n, dist) point (n, dist, ids as NumPy, ids, bf16
+    grad, main_grad, and main_grad after the deterministic dense path)."""
+    from common import probe_shape
 
+    REAL_V, REAL_H = probe_shape()
     torch.manual_seed(0)
     main_grad = torch.randn(REAL_V, REAL_H, device="cuda")
     for n, dist in points:

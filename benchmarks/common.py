@@ -43,6 +43,14 @@ def probe_points(default: list) -> list:
     return [(int(p.split(":")[0]), p.split(":")[1]) for p in os.environ["PROBE_POINTS"].split(",")]
 
 
+def probe_shape() -> tuple[int, int]:
+    """(V, H) of a probe: PROBE_SHAPE (e.g. 128256,16384) where set, else the real shape (REAL_V, REAL_H)."""
+    if not os.environ.get("PROBE_SHAPE"):
+        return REAL_V, REAL_H
+    vocab, hidden = (int(x) for x in os.environ["PROBE_SHAPE"].split(","))
+    return vocab, hidden
+
+
 def floor_bytes(ids: np.ndarray, hidden: int, grad_bytes: int = 2, main_grad_bytes: int = 4) -> int:
     """Bytes that must move: every grad row read once, every touched main_grad row read and written."""
     return ids.size * hidden * grad_bytes + 2 * np.unique(ids).size * hidden * main_grad_bytes

@@ -11,11 +11,10 @@ import sys
 
 import torch
 from bench_torch import config_overrides, copy_bandwidth, graph_ms, median_ms, probe_inputs, same_bits
-from common import floor_bytes, print_variant_table, probe_points
+from common import floor_bytes, print_variant_table, probe_points, probe_shape
 
 import torch_frontend
 from torch_frontend import embedding_wgrad as ew
-from tests.cases import REAL_H
 
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 #: name -> _Config fields to override
@@ -89,6 +88,8 @@ VARIANTS = {
     "pf evict_last 2": dict(prefetch_evict_last=3),  # (the same again, later in the run)
     "default 2": {},
     "pf 512": dict(l2_prefetch_tokens=512),
+    "pf 128": dict(l2_prefetch_tokens=128),
+    "pf 128 2": dict(l2_prefetch_tokens=128),
     "pf evict_last 512": dict(prefetch_evict_last=3, l2_prefetch_tokens=512),
     "pf evict_last 512 2": dict(prefetch_evict_last=3, l2_prefetch_tokens=512),
     "pf evict_last 1024": dict(prefetch_evict_last=3, l2_prefetch_tokens=1024),
@@ -194,7 +195,7 @@ def main(argv):
     bw = copy_bandwidth()
     results = {}
     for n, dist, ids_np, ids, grad, main_grad, expected in probe_inputs(POINTS):
-        floor = floor_bytes(ids_np, REAL_H) / bw * 1e3
+        floor = floor_bytes(ids_np, probe_shape()[1]) / bw * 1e3
         for name in only:
             with config_overrides(**VARIANTS[name]):
                 work = main_grad.clone()

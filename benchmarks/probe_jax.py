@@ -18,10 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from bench_jax import chain_ms
-from common import ids_for, probe_points
+from common import ids_for, probe_points, probe_shape
 
 from jax_frontend import embedding_wgrad as ew
-from tests.cases import REAL_H, REAL_V
+
+REAL_V, REAL_H = probe_shape()  # (V, H): the real shape, or PROBE_SHAPE
 
 POINTS = probe_points([(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform"), (32768, "zipf")])  # or PROBE_POINTS
 #: name -> _Config overrides
@@ -38,6 +39,8 @@ VARIANTS = {
     "rows ahead 1024": (("rows_ahead", 1024),),
     "rows ahead 512 per 8": (("rows_ahead", 512), ("rows_ahead_per", 8)),
     "rows ahead 128": (("rows_ahead", 128),),
+    "rows ahead 128 2": (("rows_ahead", 128),),
+    "rows ahead 96": (("rows_ahead", 96),),
     "rows ahead 192": (("rows_ahead", 192),),
     "rows ahead 256 2": (("rows_ahead", 256),),
     "rows ahead 256 per 2": (("rows_ahead", 256), ("rows_ahead_per", 2)),

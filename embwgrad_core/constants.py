@@ -75,6 +75,19 @@ ZERO_SKIP_MIN_PARTIALS = 128
 #: / 65.9 and 222.6 / 214.2 / 209.1 us, JAX 70.7 / 73.3 / 65.0 and 200.3 / 192.5 / 192.9.
 ZERO_SKIP_BLOCK = 256
 
+#: Merge sort, both frontends: the rows of the first positions are read into L2 ahead of their
+#: items, with L2 priority evict_last (torch: prefetched by the partials kernel during the plan,
+#: FIRST_TOKENS and PREFETCH_EVICT_LAST there; JAX: read by extra merge-kernel programs, ROWS_AHEAD).
+#: Those counts were measured at H = 7168, where 256 positions gained and 512 lost (NOTES v41):
+#: what the lines take of L2 is what counts, so at a larger H fewer positions, at most this many
+#: row elements (positions x H; plan.rows_ahead). H200, us (NOTES v42), 256 positions -> this
+#: bound's 112 (or 96-128 measured) at H = 16384: JAX 8192 uniform 351.6 -> 348.0-348.2, 8192
+#: Zipf 204.2 -> 202.0-202.2, 32768 uniform 1257 -> 1255-1256; torch 8192 uniform 335.5-336.1
+#: -> 334.0-334.9, 8192 Zipf 184.1-184.2 -> 183.0; at H = 12288 (149 positions; 128 measured)
+#: JAX 255.3-255.5 -> 253.8-254.0 and 149.8-150.4 -> 148.0-149.2, torch 8192 Zipf 136.3 -> 135.1-135.2.
+#: An implementation choice, not arithmetic.
+ROWS_AHEAD_ELEMENTS = 256 * 7168
+
 #: Path names, as :func:`embwgrad_core.plan.torch_path` returns them.
 FEATURE = "feature"
 SORT = "sort"

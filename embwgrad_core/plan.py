@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .constants import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_MIN_BLOCK, NROWS, SORT
+from .constants import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_MIN_BLOCK, NROWS, ROWS_AHEAD_ELEMENTS, SORT
 
 
 def torch_path(num_tokens: int) -> str:
@@ -85,6 +85,12 @@ def merge_block(num_tokens: int, max_blocks: int = MERGE_MAX_BLOCKS) -> int:
     while block * max_blocks < num_tokens:
         block *= 2
     return block
+
+
+def rows_ahead(positions: int, hidden: int) -> int:
+    """How many of the first positions have their rows read into L2 ahead: `positions`, or fewer so
+    that positions x hidden stays within ROWS_AHEAD_ELEMENTS (so unchanged up to H = 7168)."""
+    return min(positions, ROWS_AHEAD_ELEMENTS // max(hidden, 1))
 
 
 class MergeTiles(NamedTuple):

@@ -96,6 +96,7 @@ from embwgrad_core import (
     merge_tiles,
     partial_buffer_rows,
     partial_row,
+    rows_ahead,
     torch_path,
 )
 from embwgrad_core.validate import Problem, check_args
@@ -142,7 +143,8 @@ PLAN_EVICT_LAST = True
 #: 88.8-91.5 -> 87.9, 8192 uniform 162.1-162.5 -> 160.9 and 163.7-164.2 -> 161.9-162.6, 8192 Zipf
 #: 96.9-97.1 -> 95.5 and 97.9-98.3 -> 97.4-97.7, 32768 uniform 576.4-577.7 -> 574.2 and 575.1-575.2
 #: -> 573.5-574.0; 128 / 192 / 384 positions, 2 or 8 pieces a program within the chains' spread,
-#: 512 and 1024 slower. Off in interpret mode (a hint only; tests force it to check that it
+#: 512 and 1024 slower. Fewer positions above H = 7168 (embwgrad_core.ROWS_AHEAD_ELEMENTS: at H =
+#: 16384, 112; NOTES v42). Off in interpret mode (a hint only; tests force it to check that it
 #: changes no bit).
 ROWS_AHEAD = 256
 ROWS_AHEAD_PIECES = 4
@@ -1060,7 +1062,8 @@ def _config(problem: Problem, path: str, overrides: tuple = (), zero_rows: bool 
         bf16_scratch=feature and problem.grad_dtype == "bfloat16" and n >= BF16_SCRATCH_MIN_TOKENS,
         tail_programs=0 if feature else (3 if interpret else TAIL_PROGRAMS_PER_SM * _gpu_sms() if n <= FOLD_ROLE_MAX_TOKENS else 0),
         plan_evict_last=PLAN_EVICT_LAST,  # (used where the merge sort makes the plan)
-        rows_ahead=0 if interpret or feature else ROWS_AHEAD,  # (used where the merge sort makes the plan)
+        # (used where the merge sort makes the plan; fewer positions above H = 7168: ROWS_AHEAD_ELEMENTS)
+        rows_ahead=0 if interpret or feature else rows_ahead(ROWS_AHEAD, hidden),
     )
     cfg = dataclasses.replace(cfg, **forced)
     if cfg.bf16_scratch and (not feature or problem.grad_dtype != "bfloat16"):

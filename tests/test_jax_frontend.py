@@ -241,6 +241,13 @@ def test_stages_match_core_plan(route):
     assert_bits_equal(stages.main_grad, expected)
 
 
+@pytest.mark.parametrize("hidden, positions", [(4096, 256), (7168, 256), (16384, 112)])
+def test_rows_ahead_bounded_by_elements(hidden, positions):
+    """The merge kernel reads 256 positions' rows ahead up to H = 7168, fewer above (ROWS_AHEAD_ELEMENTS)."""
+    problem = ew.Problem(8192, hidden, 129280, -1, "bfloat16", "float32")
+    assert ew._config(problem, SORT, (("interpret", False),)).rows_ahead == positions
+
+
 @pytest.mark.parametrize("zero_rows", [True, False])
 def test_zero_rows_changes_no_bit(zero_rows):
     """accumulate's zero_rows only decides whether zero partials are skipped: the reference's bits either way."""

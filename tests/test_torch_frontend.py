@@ -214,6 +214,13 @@ def test_zero_partials_skipped_bitwise(route):
     assert_masked_flags(to_numpy(flags), to_numpy(partials), ids, grad, cfg.zero_skip, cfg.skip_block, cfg.block_h)
 
 
+@pytest.mark.parametrize("hidden, positions", [(4096, 256), (7168, 256), (16384, 112)])
+def test_l2_prefetch_bounded_by_elements(hidden, positions):
+    """The partials kernel prefetches 256 positions' rows up to H = 7168, fewer above (ROWS_AHEAD_ELEMENTS)."""
+    problem = ew.Problem(8192, hidden, 129280, -1, "bfloat16", "float32")
+    assert ew._config(problem, SORT, False).l2_prefetch_tokens == positions
+
+
 @cpu_only
 @pytest.mark.parametrize("zero_rows", [True, False])
 def test_zero_rows_changes_no_bit(zero_rows):

@@ -71,7 +71,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime import driver
 from triton.runtime.interpreter import InterpretedFunction
 
-from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, merge_block, merge_tiles, partial_buffer_rows, torch_path
+from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, merge_block, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
 from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args
@@ -106,6 +106,7 @@ SMALL_PARTIAL_PROGRAMS_PER_SM = ((4096, 64), (8192, 96))
 #: their rows are prefetched into L2 while the plan is made. 256 measured 1-2 us faster at 4096
 #: and 8192 uniform ids than none; 512 and more, less (NOTES v10). XLA launches the JAX twin's
 #: kernels without that overlap, so its merge kernel reads those rows instead (ROWS_AHEAD there).
+#: Above H = 7168 fewer positions' rows are prefetched (embwgrad_core.ROWS_AHEAD_ELEMENTS, NOTES v42).
 FIRST_TOKENS = 256
 
 #: Those prefetched lines' L2 priority, as a bit mask: 1 grad's, 2 main_grad's, with priority
@@ -1347,7 +1348,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         merge_warps=4,
         merge_window=MERGE_WINDOW if n <= MERGE_WINDOW_MAX_TOKENS else 0,
         first_tokens=first_tokens,
-        l2_prefetch_tokens=first_tokens,
+        l2_prefetch_tokens=rows_ahead(first_tokens, hidden),  # (fewer above H = 7168: ROWS_AHEAD_ELEMENTS)
         prefetch_evict_last=PREFETCH_EVICT_LAST,
         lone_tokens=0 if feature or n > MERGE_SORT_MAX_TOKENS else n // 2 if interpret else min(n, next((t for bound, t in LONE_TOKENS if n <= bound), 0)),
         lone_per_program=LONE_PER_PROGRAM,
