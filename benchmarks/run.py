@@ -93,6 +93,13 @@ def plot(records: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
+    plot_on(ax, records, "embedding weight gradient into fp32 main_grad")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_on(ax, records: list[dict], title: str, legend: bool = True) -> None:
+    """Time against n on ax, log axes, one line a series (one colour a series, one line style a distribution)."""
     series = sorted({(r["framework"], r["series"]) for r in records if ":" not in r["series"] and r["series"] != "FAILED"})
     colors = {s: f"C{i}" for i, s in enumerate(series)}  # one colour a series, one line style a distribution
     for dist, style in (("uniform", "-"), ("zipf", "--")):
@@ -105,11 +112,10 @@ def plot(records: list[dict], path: str) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("tokens n")
     ax.set_ylabel("median time (ms)")
-    ax.set_title("embedding weight gradient into fp32 main_grad")
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    if legend:
+        ax.legend(fontsize=7)
 
 
 def main():

@@ -6,9 +6,10 @@ bench_jax.py: the frontends, torch's dense path, `index_add_`, XLA's scatter, th
 embwgrad point checked bitwise) once per shape below, bf16 grad into fp32 main_grad, and prints
 one table: each shape's points, the torch frontend's CUDA-graph time and the JAX chains' time
 with their ratio to the floor, and each peer with its ratio to ours (torch peers over the
-torch graph, XLA's scatter over JAX). GPU only (on a CPU, run.py's small shape is the check).
+torch graph, XLA's scatter over JAX), and draws one panel per shape (shapes.png). GPU only (on
+a CPU, run.py's small shape is the check).
 
-    python benchmarks/shapes.py [--shapes mixtral,llama3-405b] [--ns 8192,32768] [--dists zipf] [--json out.json]
+    python benchmarks/shapes.py [--shapes mixtral-8x7b,llama3-405b] [--ns 8192,32768] [--dists zipf] [--json out.json] [--png out.png]
 """
 
 import argparse
@@ -16,7 +17,7 @@ import json
 import os
 import sys
 
-from run import FRAMEWORKS, run_framework
+from run import FRAMEWORKS, plot_on, run_framework
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -59,12 +60,28 @@ def summary(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot(records: list[dict], path: str) -> None:
+    """One panel per shape: time against n, log axes, one line a series (run.py's plot)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys((r["shape"], r["vocab"], r["hidden"]) for r in records if "shape" in r))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 4.8), squeeze=False)
+    for i, (ax, (name, vocab, hidden)) in enumerate(zip(axes[0], shapes)):
+        plot_on(ax, [r for r in records if r.get("shape") == name], f"{name}: V = {vocab}, H = {hidden}", legend=i == len(shapes) - 1)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default=",".join(SHAPES), help="names from SHAPES, comma-separated")
     p.add_argument("--ns", default="8192,32768")
     p.add_argument("--dists", default="uniform,zipf")
     p.add_argument("--json", default=os.path.join(HERE, "shapes.json"))
+    p.add_argument("--png", default=os.path.join(HERE, "shapes.png"))
     args = p.parse_args(argv)
     unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
     if unknown:
@@ -79,7 +96,8 @@ def main(argv=None) -> int:
         records += mine
     with open(args.json, "w") as f:
         json.dump(records, f, indent=1)
-    print(f"\nrecords: {args.json}")
+    plot(records, args.png)
+    print(f"\nrecords: {args.json}; plot: {args.png}")
     print(summary(records))
     failed = [r for r in records if r["series"] == "FAILED" or r.get("exact") is False]
     return 1 if failed else 0
