@@ -56,6 +56,8 @@ VARIANTS = {
     "fold kernel": (("fold_programs", 0),),
     "no prefetch": (("prefetch", False),),
     "partials 64/SM": (("partial_programs", 64 * ew._gpu_sms()),),
+    "partials 96/SM": (("partial_programs", 96 * ew._gpu_sms()),),
+    "partials 192/SM": (("partial_programs", 192 * ew._gpu_sms()),),
     "partials 1 warp": (("partial_warps", 1),),
     "partials 512 columns 1 warp": (("block_h", 512), ("partial_warps", 1)),
     "fold 256 columns, 4 warps, batch 16": (("long_batch", 16), ("long_block_h", 256), ("long_warps", 4)),
