@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
 
 import numpy as np  # noqa: E402
 import triton  # noqa: E402
-from common import Record, floor_bytes, ids_for, parse_args, sizes, write  # noqa: E402
+from common import Record, floor_bytes, ids_for, parse_args, probe_shape, sizes, write  # noqa: E402
 
 import torch_frontend  # noqa: E402
 from embwgrad_core import reference, torch_path  # noqa: E402
@@ -110,14 +110,12 @@ def probe_inputs(points):
     """The torch probes' inputs at the real shape (tests.cases.REAL_V, REAL_H; PROBE_SHAPE for
     another), seeded: one main_grad, then per (n, dist) point (n, dist, ids as NumPy, ids, bf16
     grad, main_grad, and main_grad after the deterministic dense path)."""
-    from common import probe_shape
-
-    REAL_V, REAL_H = probe_shape()
+    vocab, hidden = probe_shape()
     torch.manual_seed(0)
-    main_grad = torch.randn(REAL_V, REAL_H, device="cuda")
+    main_grad = torch.randn(vocab, hidden, device="cuda")
     for n, dist in points:
-        grad = torch.randn(n, REAL_H, device="cuda").bfloat16()
-        ids_np = ids_for(dist, n, REAL_V)
+        grad = torch.randn(n, hidden, device="cuda").bfloat16()
+        ids_np = ids_for(dist, n, vocab)
         ids = torch.from_numpy(ids_np).cuda()
         yield n, dist, ids_np, ids, grad, main_grad, dense_expected(ids, grad, main_grad)
 

@@ -194,8 +194,9 @@ def main(argv):
     print("torch_frontend from", torch_frontend.__file__, flush=True)
     bw = copy_bandwidth()
     results = {}
+    hidden = probe_shape()[1]
     for n, dist, ids_np, ids, grad, main_grad, expected in probe_inputs(POINTS):
-        floor = floor_bytes(ids_np, probe_shape()[1]) / bw * 1e3
+        floor = floor_bytes(ids_np, hidden) / bw * 1e3
         for name in only:
             with config_overrides(**VARIANTS[name]):
                 work = main_grad.clone()

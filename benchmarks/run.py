@@ -38,6 +38,26 @@ def run_framework(framework: str, passthrough: list[str]) -> list[dict]:
         return json.load(f)
 
 
+def over_floor(ms: float | None, floor: float | None) -> str:
+    """A table cell: an embwgrad time and its ratio to the floor ("-": not measured)."""
+    if ms is None:
+        return "-"
+    return f"{ms:.3f} ms" + (f" ({ms / floor:.2f}x floor)" if floor else "")
+
+
+def over_ours(ms: float | None, mine: float | None) -> str:
+    """A table cell: a peer's time and its ratio to ours ("-": not measured)."""
+    if ms is None:
+        return "-"
+    return f"{ms:.3f} ms" + (f" ({ms / mine:.1f}x ours)" if mine else "")
+
+
+def bits_cell(exact: list) -> str:
+    """A table cell from the embwgrad records' exact flags at a point (None: not checked there)."""
+    checked = [e for e in exact if e is not None]
+    return ("bitwise" if all(checked) else "NO") if checked else "not checked"
+
+
 def table(records: list[dict]) -> str:
     by = {(r["framework"], r["series"], r["n"], r["dist"]): r for r in records}
     points = sorted({(r["n"], r["dist"]) for r in records if r["series"] == "embwgrad"})
@@ -45,40 +65,24 @@ def table(records: list[dict]) -> str:
     cols = ["n", "ids", "torch embwgrad", "torch, CUDA graph", "jax embwgrad", "floor", "torch dense", "index_add_", "XLA scatter", "exact"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
 
-    def cell(fw, series, p, ref_of=None):
-        r = by.get((fw, series, *p))
-        if r is None:
-            return "-"
-        ms = r["ms"]
-        text = f"{ms:.3f} ms"
-        if ref_of is not None and floor[p]:
-            text += f" ({ms / floor[p]:.2f}x floor)"
-        return text
-
-    def versus(series_fw, series, p):
-        r = by.get((series_fw, series, *p))
-        mine = by.get((series_fw, "embwgrad", *p))
-        if r is None:
-            return "-"
-        return f"{r['ms']:.3f} ms" + (f" ({r['ms'] / mine['ms']:.1f}x ours)" if mine else "")
+    def ms(fw, series, p):
+        return by.get((fw, series, *p), {}).get("ms")
 
     for p in points:
-        exact = [by[(fw, "embwgrad", *p)]["exact"] for fw in FRAMEWORKS if (fw, "embwgrad", *p) in by]
-        exact = [e for e in exact if e is not None]  # None: not checked at this size
         lines.append(
             "| "
             + " | ".join(
                 [
                     str(p[0]),
                     p[1],
-                    cell("torch", "embwgrad", p, ref_of="floor"),
-                    cell("torch", "embwgrad_graph", p, ref_of="floor"),
-                    cell("jax", "embwgrad", p, ref_of="floor"),
+                    over_floor(ms("torch", "embwgrad", p), floor[p]),
+                    over_floor(ms("torch", "embwgrad_graph", p), floor[p]),
+                    over_floor(ms("jax", "embwgrad", p), floor[p]),
                     f"{floor[p]:.3f} ms" if floor[p] else "-",
-                    versus("torch", "dense", p),
-                    versus("torch", "index_add", p),
-                    versus("jax", "xla_scatter", p),
-                    ("bitwise" if all(exact) else "NO") if exact else "not checked",
+                    over_ours(ms("torch", "dense", p), ms("torch", "embwgrad", p)),
+                    over_ours(ms("torch", "index_add", p), ms("torch", "embwgrad", p)),
+                    over_ours(ms("jax", "xla_scatter", p), ms("jax", "embwgrad", p)),
+                    bits_cell([by[(fw, "embwgrad", *p)]["exact"] for fw in FRAMEWORKS if (fw, "embwgrad", *p) in by]),
                 ]
             )
             + " |"

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from run import FRAMEWORKS, plot_on, run_framework
+from run import FRAMEWORKS, bits_cell, over_floor, over_ours, plot_on, run_framework
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -33,29 +33,18 @@ SHAPES = {
 
 def summary(records: list[dict]) -> str:
     """One Markdown table of every shape's points (records carry shape, vocab, hidden)."""
-    by = {(r["shape"], r["framework"], r["series"], r["n"], r["dist"]): r["ms"] for r in records if "shape" in r}
-    exact = {}
-    for r in records:
-        if r["series"] == "embwgrad" and r.get("exact") is not None:
-            exact.setdefault((r["shape"], r["n"], r["dist"]), []).append(r["exact"])
+    by = {(r["shape"], r["framework"], r["series"], r["n"], r["dist"]): r for r in records if "shape" in r}
     points = list(dict.fromkeys((r["shape"], r["vocab"], r["hidden"], r["n"], r["dist"]) for r in records if r["series"] == "embwgrad"))
     cols = ["model", "V", "H", "n", "ids", "torch, CUDA graph", "jax embwgrad", "floor", "torch dense", "index_add_", "XLA scatter", "exact"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for shape, vocab, hidden, n, dist in points:
-        get = lambda fw, series: by.get((shape, fw, series, n, dist))  # noqa: E731
-        floor, graph, mine_jax = get("torch", "floor"), get("torch", "embwgrad_graph"), get("jax", "embwgrad")
-
-        def ours(ms):
-            return "-" if ms is None else f"{ms:.3f} ms" + (f" ({ms / floor:.2f}x floor)" if floor else "")
-
-        def peer(ms, mine):
-            return "-" if ms is None else f"{ms:.3f} ms" + (f" ({ms / mine:.1f}x ours)" if mine else "")
-
-        checked = exact.get((shape, n, dist), [])
+        ms = lambda fw, series: by.get((shape, fw, series, n, dist), {}).get("ms")  # noqa: E731
+        floor, graph, mine_jax = ms("torch", "floor"), ms("torch", "embwgrad_graph"), ms("jax", "embwgrad")
         lines.append("| " + " | ".join([
-            shape, str(vocab), str(hidden), str(n), dist, ours(graph), ours(mine_jax), "-" if floor is None else f"{floor:.3f} ms",
-            peer(get("torch", "dense"), graph), peer(get("torch", "index_add"), graph), peer(get("jax", "xla_scatter"), mine_jax),
-            ("bitwise" if all(checked) else "NO") if checked else "not checked",
+            shape, str(vocab), str(hidden), str(n), dist, over_floor(graph, floor), over_floor(mine_jax, floor),
+            "-" if floor is None else f"{floor:.3f} ms",
+            over_ours(ms("torch", "dense"), graph), over_ours(ms("torch", "index_add"), graph), over_ours(ms("jax", "xla_scatter"), mine_jax),
+            bits_cell([by[(shape, fw, "embwgrad", n, dist)]["exact"] for fw in FRAMEWORKS if (shape, fw, "embwgrad", n, dist) in by]),
         ]) + " |")
     return "\n".join(lines)
 
