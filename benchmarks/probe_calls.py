@@ -118,6 +118,12 @@ VARIANTS = {
     "pp 96": dict(partial_programs=96 * SMS),
     "pp 64": dict(partial_programs=64 * SMS),
     "pp 48": dict(partial_programs=48 * SMS),
+    # v43: more programs at large H (items per program grow with H's blocks: NOTES v42 item 9).
+    "pp 192": dict(partial_programs=192 * SMS),
+    "pp 192 again": dict(partial_programs=192 * SMS),
+    "pp 256": dict(partial_programs=256 * SMS),
+    "pp 256 again": dict(partial_programs=256 * SMS),
+    "pp 384": dict(partial_programs=384 * SMS),
     "lanes 1024": dict(merge_u=lambda cfg: max(1, 1024 // cfg.merge_blocks)),
     "first 0": dict(first_tokens=0, l2_prefetch_tokens=0),
     "pp 48 tail 12": dict(partial_programs=48 * SMS, tail_programs=12 * SMS),

@@ -74,8 +74,13 @@ VARIANTS = {
     # v11: the long-run kernel folds and the partials kernel has one warp, as above FOLD_ROLE_MAX_TOKENS.
     "fold kernel 1 warp": (("fold_programs", 0), ("partial_warps", 1)),
     "merge_u 4": (("merge_u", 4),),
-    "partials 192/SM": (("partial_programs", 192 * ew._gpu_sms()),),
-    "partials 96/SM": (("partial_programs", 96 * ew._gpu_sms()),),
+    # v43: more programs at large H (items per program grow with H's blocks: NOTES v42 item 9).
+    "partials 192/SM 2": (("partial_programs", 192 * ew._gpu_sms()),),
+    "partials 256/SM": (("partial_programs", 256 * ew._gpu_sms()),),
+    "partials 256/SM 2": (("partial_programs", 256 * ew._gpu_sms()),),
+    "partials 384/SM": (("partial_programs", 384 * ew._gpu_sms()),),
+    "partials 128/SM": (("partial_programs", 128 * ew._gpu_sms()),),
+    "partials 128/SM 2": (("partial_programs", 128 * ew._gpu_sms()),),
     "fold 2/SM": (("fold_programs", 2 * ew._gpu_sms()),),
     "block_h 2048": (("block_h", 2048),),
     "block_h 2048 4 warps": (("block_h", 2048), ("partial_warps", 4)),

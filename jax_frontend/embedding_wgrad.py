@@ -124,6 +124,29 @@ INTERPRET_RANK_TILES = {SORT: (256, 256), FEATURE: (8 * CHUNK, 8 * CHUNK)}
 #: 32768 Zipf 335.2 against 337.4, so none there.
 TAIL_PROGRAMS_PER_SM = 24
 
+#: Sort path up to FOLD_ROLE_MAX_TOKENS: one partials program per SM for every this many (token,
+#: H block) pairs (H blocks of the partials kernel's block_h), no fewer than PARTIAL_PROGRAMS_PER_SM
+#: (128) and no more than WIDE_PARTIAL_PROGRAMS_PER_SM (256). The programs stride the items
+#: (partial, H block), so at a fixed 128 per SM each program takes more items one after another as
+#: H grows, the long runs' partials (which come first) among them. So 128 per SM up to 8 blocks
+#: (H <= 8192) at 8192 tokens, 192 at H = 12288, 256 from H = 16384; at 4096 tokens 128 up to H =
+#: 16384. H200, chains of 300 calls in one process, twice each (means; 384 once), us, uniform /
+#: Zipf ids (NOTES v43 items 1-2):
+#:
+#: | tokens, H (blocks) | 128 per SM | 192 | 256 | 384 |
+#: |---|---|---|---|---|
+#: | 8192, 7168 (7) | 160.1 / 96.2 | 160.4 / 97.3 | 160.9 / 101.7 | 161.4 / 112.6 |
+#: | 8192, 12288 (12) | 254.4 / 150.2 | 253.9 / 145.9 | 254.3 / 145.2 | 255.1 / 153.9 |
+#: | 8192, 16384 (16) | 349.7 / 202.9 | 348.5 / 194.1 | 348.4 / 192.4 | 348.2 / 194.5 |
+#: | 4096, 12288 (12) | 136.2 / 84.9 | 137.0 / 87.5 | 137.3 / 92.8 | - |
+#: | 4096, 16384 (16) | 181.3 / 110.5 | - | 181.9 / 112.9 | - |
+#:
+#: Above FOLD_ROLE_MAX_TOKENS (one-warp programs, no folders) 256 per SM measured about 0.5% faster
+#: (2.4-5.9 us) at 32768 tokens and H = 12288-16384, not measured at H = 7168 or other n: 128 stays. The torch twin's
+#: one-warp programs measured no such gain at 8192 tokens (96 per SM stays best there).
+PARTIAL_PROGRAM_ITEMS = 512
+WIDE_PARTIAL_PROGRAMS_PER_SM = 256
+
 #: Merge sort: the merge stores the sorted positions and the records, and the partials kernel
 #: loads a partial's other positions, with L2 priority evict_last, as the torch twin
 #: (PLAN_EVICT_LAST there), so that the streamed rows do not push them out of L2 before the
@@ -1013,9 +1036,12 @@ def _config(problem: Problem, path: str, overrides: tuple = (), zero_rows: bool 
         long_programs = min(4, max_long_runs)
         partial_programs = 8  # several records each
     else:
-        partial_programs = PARTIAL_PROGRAMS_PER_SM * _gpu_sms()
         block_i, block_j = (CHUNK, 8 * CHUNK) if feature else (128, 64)  # as the torch twin on the feature path
         block_h = min(1024, pl.next_power_of_2(hidden))
+        per_sm = PARTIAL_PROGRAMS_PER_SM
+        if n <= FOLD_ROLE_MAX_TOKENS:  # more (token, H block) pairs, more programs (PARTIAL_PROGRAM_ITEMS)
+            per_sm = min(WIDE_PARTIAL_PROGRAMS_PER_SM, max(per_sm, n * pl.cdiv(hidden, block_h) // PARTIAL_PROGRAM_ITEMS))
+        partial_programs = per_sm * _gpu_sms()
         long_block_h = min(128, block_h)
         # As the torch twin: 64 programs along the run list for small n, up to 4096 in all.
         long_programs = max(1, min(max_long_runs, max(64, min(4096 // pl.cdiv(hidden, long_block_h), n // 128))))
