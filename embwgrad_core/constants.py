@@ -38,7 +38,9 @@ MERGE_MIN_BLOCK = 256
 #: partials' records (one per partial), so no program is spent on a slot that starts none.
 #: Eight times the 16 one-warp programs that fit on an SM at once, so that the last ones end
 #: together: 32 or 64 per SM measured slower for uniform ids, one program per (slot, H block)
-#: far slower for repeated ids (benchmarks/NOTES.md, v4). An implementation choice, not arithmetic.
+#: far slower for repeated ids (benchmarks/NOTES.md, v4). The torch frontend takes fewer up to
+#: 8192 tokens (SMALL_PARTIAL_PROGRAMS_PER_SM); the JAX frontend more at large H up to 8192 tokens
+#: (PARTIAL_PROGRAM_ITEMS, NOTES v43). An implementation choice, not arithmetic.
 PARTIAL_PROGRAMS_PER_SM = 128
 
 #: Sort path: up to this many tokens a few of the partials kernel's programs (FOLD_PROGRAMS_PER_SM
