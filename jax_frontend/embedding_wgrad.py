@@ -141,8 +141,9 @@ TAIL_PROGRAMS_PER_SM = 24
 #: | 4096, 12288 (12) | 136.2 / 84.9 | 137.0 / 87.5 | 137.3 / 92.8 | - |
 #: | 4096, 16384 (16) | 181.3 / 110.5 | - | 181.9 / 112.9 | - |
 #:
-#: Above FOLD_ROLE_MAX_TOKENS (one-warp programs, no folders) 256 per SM measured about 0.5% faster
-#: (2.4-5.9 us) at 32768 tokens and H = 12288-16384, not measured at H = 7168 or other n: 128 stays. The torch twin's
+#: Above FOLD_ROLE_MAX_TOKENS (one-warp programs, no folders) 256 per SM measured 0.1-0.7% faster
+#: at 16384-131072 tokens and H = 7168-16384 (NOTES v43 item 6), not yet through the whole GPU
+#: suite and benchmark: 128 stays there until it is. The torch twin's
 #: one-warp programs measured no such gain at 8192 tokens (96 per SM stays best there).
 PARTIAL_PROGRAM_ITEMS = 512
 WIDE_PARTIAL_PROGRAMS_PER_SM = 256
