@@ -143,8 +143,8 @@ TAIL_PROGRAMS_PER_SM = 24
 #:
 #: Above FOLD_ROLE_MAX_TOKENS (one-warp programs, no folders) 256 per SM measured 0.1-0.7% faster
 #: at 16384-131072 tokens and H = 7168-16384 (NOTES v43 item 6), not yet through the whole GPU
-#: suite and benchmark: 128 stays there until it is. The torch twin's
-#: one-warp programs measured no such gain at 8192 tokens (96 per SM stays best there).
+#: suite and benchmark: 128 stays there until it is. The torch twin's one-warp programs measured
+#: no such gain at 8192 tokens (96 per SM stays best there).
 PARTIAL_PROGRAM_ITEMS = 512
 WIDE_PARTIAL_PROGRAMS_PER_SM = 256
 
