@@ -40,7 +40,8 @@ MERGE_MIN_BLOCK = 256
 #: together: 32 or 64 per SM measured slower for uniform ids, one program per (slot, H block)
 #: far slower for repeated ids (benchmarks/NOTES.md, v4). The torch frontend takes fewer up to
 #: 8192 tokens (SMALL_PARTIAL_PROGRAMS_PER_SM); the JAX frontend more at large H up to 8192 tokens
-#: (PARTIAL_PROGRAM_ITEMS, NOTES v43). An implementation choice, not arithmetic.
+#: (PARTIAL_PROGRAM_ITEMS) and 256 above (LONG_PARTIAL_PROGRAMS_PER_SM; NOTES v43, v44). An
+#: implementation choice, not arithmetic.
 PARTIAL_PROGRAMS_PER_SM = 128
 
 #: Sort path: up to this many tokens a few of the partials kernel's programs (FOLD_PROGRAMS_PER_SM

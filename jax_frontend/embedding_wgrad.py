@@ -141,12 +141,18 @@ TAIL_PROGRAMS_PER_SM = 24
 #: | 4096, 12288 (12) | 136.2 / 84.9 | 137.0 / 87.5 | 137.3 / 92.8 | - |
 #: | 4096, 16384 (16) | 181.3 / 110.5 | - | 181.9 / 112.9 | - |
 #:
-#: Above FOLD_ROLE_MAX_TOKENS (one-warp programs, no folders) 256 per SM measured 0.1-0.7% faster
-#: at 16384-131072 tokens and H = 7168-16384 (NOTES v43 item 6), not yet through the whole GPU
-#: suite and benchmark: 128 stays there until it is. The torch twin's one-warp programs measured
-#: no such gain at 8192 tokens (96 per SM stays best there).
+#: The torch twin's one-warp programs measured no such gain at 8192 tokens (96 per SM stays best
+#: there).
 PARTIAL_PROGRAM_ITEMS = 512
 WIDE_PARTIAL_PROGRAMS_PER_SM = 256
+
+#: Sort path above FOLD_ROLE_MAX_TOKENS (one-warp partials programs, no folders): partials
+#: programs per SM, whatever H. H200, chains of 300 calls in one process, 128 per SM / 256, each
+#: twice (means), us, 16384 uniform / 16384 Zipf / 32768 uniform / 32768 Zipf / 131072 Zipf (NOTES
+#: v43 item 6): H = 7168 301.7 / 174.7 / 572.9 / 325.4 / 1060.3 against 300.0 / 174.4 / 569.1 /
+#: 325.0 / 1053.7; H = 16384 662.1 / 352.9 / 1250.7 / 655.9 / 2178.7 against 659.5 / 350.6 /
+#: 1245.1 / 651.4 / 2163.7. Faster at every point, in both repeats.
+LONG_PARTIAL_PROGRAMS_PER_SM = 256
 
 #: Merge sort: the merge stores the sorted positions and the records, and the partials kernel
 #: loads a partial's other positions, with L2 priority evict_last, as the torch twin
@@ -1039,9 +1045,9 @@ def _config(problem: Problem, path: str, overrides: tuple = (), zero_rows: bool 
     else:
         block_i, block_j = (CHUNK, 8 * CHUNK) if feature else (128, 64)  # as the torch twin on the feature path
         block_h = min(1024, pl.next_power_of_2(hidden))
-        per_sm = PARTIAL_PROGRAMS_PER_SM
+        per_sm = LONG_PARTIAL_PROGRAMS_PER_SM
         if n <= FOLD_ROLE_MAX_TOKENS:  # more (token, H block) pairs, more programs (PARTIAL_PROGRAM_ITEMS)
-            per_sm = min(WIDE_PARTIAL_PROGRAMS_PER_SM, max(per_sm, n * pl.cdiv(hidden, block_h) // PARTIAL_PROGRAM_ITEMS))
+            per_sm = min(WIDE_PARTIAL_PROGRAMS_PER_SM, max(PARTIAL_PROGRAMS_PER_SM, n * pl.cdiv(hidden, block_h) // PARTIAL_PROGRAM_ITEMS))
         partial_programs = per_sm * _gpu_sms()
         long_block_h = min(128, block_h)
         # As the torch twin: 64 programs along the run list for small n, up to 4096 in all.

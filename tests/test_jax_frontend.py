@@ -243,9 +243,9 @@ def test_stages_match_core_plan(route):
 
 @pytest.mark.parametrize("n, hidden, per_sm", [(8192, 7168, 128), (8192, 8192, 128), (8192, 12288, 192), (8192, 16384, 256),
                                                 (8192, 18432, 256), (4096, 12288, 128), (4096, 16384, 128), (6144, 16384, 192),
-                                                (16384, 16384, 128)])
+                                                (16384, 7168, 256), (16384, 16384, 256), (131072, 4096, 256)])
 def test_partial_programs_follow_items(n, hidden, per_sm):
-    """Up to FOLD_ROLE_MAX_TOKENS the partials programs per SM follow n x H blocks (PARTIAL_PROGRAM_ITEMS), from 128 to 256; above, 128."""
+    """Up to FOLD_ROLE_MAX_TOKENS the partials programs per SM follow n x H blocks (PARTIAL_PROGRAM_ITEMS), from 128 to 256; above, 256."""
     problem = ew.Problem(n, hidden, 129280, -1, "bfloat16", "float32")
     assert ew._config(problem, SORT, (("interpret", False),)).partial_programs == per_sm * ew._gpu_sms()
 
