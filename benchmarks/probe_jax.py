@@ -109,6 +109,12 @@ VARIANTS = {
     "fold 64x64": (("fold_batch", 64), ("fold_h", 64)),
     "ahead": (("long_ahead", True), ("long_batch", 16), ("fold_ahead", True), ("fold_batch", 16), ("fold_h", 128)),
     "default again": (),
+    # v44: launch settings at 4096 tokens, each twice (v21 item 7 read 0.3-0.4 us for some, within noise).
+    "tail 0 2": (("tail_programs", 0),),
+    "fold 2/SM 2": (("fold_programs", 2 * ew._gpu_sms()),),
+    "partials 96/SM 2": (("partial_programs", 96 * ew._gpu_sms()),),
+    "small combo": (("tail_programs", 0), ("fold_programs", 2 * ew._gpu_sms()), ("partial_programs", 96 * ew._gpu_sms())),
+    "small combo 2": (("tail_programs", 0), ("fold_programs", 2 * ew._gpu_sms()), ("partial_programs", 96 * ew._gpu_sms())),
     "long batched": (("long_ahead", False), ("long_batch", 32)),  # v28: the long-run kernel as before (feature path too)
 }
 
