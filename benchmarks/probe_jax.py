@@ -115,6 +115,12 @@ VARIANTS = {
     "partials 96/SM 2": (("partial_programs", 96 * ew._gpu_sms()),),
     "small combo": (("tail_programs", 0), ("fold_programs", 2 * ew._gpu_sms()), ("partial_programs", 96 * ew._gpu_sms())),
     "small combo 2": (("tail_programs", 0), ("fold_programs", 2 * ew._gpu_sms()), ("partial_programs", 96 * ew._gpu_sms())),
+    "merge_u 8 2": (("merge_u", 8),),
+    "merge_u 8 3": (("merge_u", 8),),
+    "m8 combo": (("merge_u", 8), ("tail_programs", 0), ("partial_programs", 96 * ew._gpu_sms())),
+    "m8 combo 2": (("merge_u", 8), ("tail_programs", 0), ("partial_programs", 96 * ew._gpu_sms())),
+    "m8 combo 3": (("merge_u", 8), ("tail_programs", 0), ("partial_programs", 96 * ew._gpu_sms())),
+    "default 3": (),
     "long batched": (("long_ahead", False), ("long_batch", 32)),  # v28: the long-run kernel as before (feature path too)
 }
 
