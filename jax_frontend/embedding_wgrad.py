@@ -112,6 +112,16 @@ from embwgrad_core.validate import Problem, check_args
 SMALL_MERGE_LANES = 256
 SMALL_MERGE_LANES_MAX_TOKENS = 8192
 
+#: Up to FEW_MERGE_LANES_MAX_TOKENS, half SMALL_MERGE_LANES. H200, probe_jax, chains of 300
+#: calls in one process, 256 lanes / 128, us (NOTES v44 items 2-3): 4096 uniform 87.5, 86.9,
+#: 87.0, 86.5, 86.0, 86.8, 86.9 / 86.0, 85.0, 85.0, 85.8; 3584 uniform 77.0, 76.9, 76.9, 77.4,
+#: 77.0, 76.8, 76.9 / 76.3, 76.6, 76.1, 76.1; 4096 Zipf 60.2, 60.0, 59.9, 59.9 / 58.8, 58.8, 58.7
+#: (and in the first of the two calls, where 4096 Zipf chains were host-bound and noisy, 59.7,
+#: 60.1, 63.1 / 61.5).
+#: At 8192 tokens 128 lanes were slower (165.5 against 162.1 us at uniform ids, NOTES v21 item 7).
+FEW_MERGE_LANES = 128
+FEW_MERGE_LANES_MAX_TOKENS = 4096
+
 #: (block_i, block_j) of _rank_kernel in interpret mode, where every program step is an XLA:CPU
 #: loop iteration: large tiles keep it fast. Tests shrink them to cross tile boundaries.
 INTERPRET_RANK_TILES = {SORT: (256, 256), FEATURE: (8 * CHUNK, 8 * CHUNK)}
@@ -1013,6 +1023,14 @@ def _gpu_sms() -> int:
     return getattr(jax.local_devices()[0], "core_count", None) or 132
 
 
+def _merge_lanes(n: int, tile_lanes: int, interpret: bool) -> int:
+    """Lanes (tokens x blocks) per _merge_rank_kernel program: FEW_MERGE_LANES and
+    SMALL_MERGE_LANES for few tokens on a GPU, else the tiles' own (and always in interpret mode)."""
+    if interpret or n > SMALL_MERGE_LANES_MAX_TOKENS:
+        return tile_lanes
+    return FEW_MERGE_LANES if n <= FEW_MERGE_LANES_MAX_TOKENS else SMALL_MERGE_LANES
+
+
 def _config(problem: Problem, path: str, overrides: tuple = (), zero_rows: bool = False) -> _Config:
     """The launch parameters (zero_rows: accumulate's); overrides ((field, value), ...) lets tests force a sort or small tiles.
 
@@ -1060,7 +1078,7 @@ def _config(problem: Problem, path: str, overrides: tuple = (), zero_rows: bool 
         merge_block_i=mblock if interpret else tiles.block_i,
         merge_tile=mblock if interpret else tiles.tile,
         merge_blocks=mblocks,
-        merge_u=max(1, (SMALL_MERGE_LANES if n <= SMALL_MERGE_LANES_MAX_TOKENS and not interpret else tiles.lanes) // mblocks),
+        merge_u=max(1, _merge_lanes(n, tiles.lanes, interpret) // mblocks),
         block_i=block_i,
         block_j=block_j,
         runs_block=1024,

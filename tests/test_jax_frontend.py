@@ -138,12 +138,13 @@ def test_sort_choice_follows_threshold_and_packing():
         tiles = merge_tiles(cfg.merge_block)
         assert (cfg.merge_block, cfg.merge_tile, cfg.merge_block_i) == (merge_block(n), tiles.tile, tiles.block_i)
         assert blocks <= cfg.merge_blocks < 2 * blocks and cfg.merge_blocks <= MERGE_MAX_BLOCKS
-        assert cfg.merge_u * cfg.merge_blocks == (ew.SMALL_MERGE_LANES if n <= ew.SMALL_MERGE_LANES_MAX_TOKENS else tiles.lanes)
+        lanes = ew.FEW_MERGE_LANES if n <= ew.FEW_MERGE_LANES_MAX_TOKENS else ew.SMALL_MERGE_LANES if n <= ew.SMALL_MERGE_LANES_MAX_TOKENS else tiles.lanes
+        assert cfg.merge_u * cfg.merge_blocks == lanes
         folds = n <= FOLD_ROLE_MAX_TOKENS  # two warps where the partials kernel folds, one-warp programs above
         per_sm = PARTIAL_PROGRAMS_PER_SM if folds else ew.LONG_PARTIAL_PROGRAMS_PER_SM
         assert (cfg.unroll, cfg.partial_warps, cfg.partial_programs) == (True, 2 if folds else 1, per_sm * ew._gpu_sms())
     cfg = config(200, 10, overrides=(("merge_block", 8), ("merge_tile", 8)))
-    assert (cfg.merge_block, cfg.merge_tile, cfg.merge_blocks, cfg.merge_u) == (8, 8, 32, ew.SMALL_MERGE_LANES // 32)
+    assert (cfg.merge_block, cfg.merge_tile, cfg.merge_blocks, cfg.merge_u) == (8, 8, 32, ew.FEW_MERGE_LANES // 32)
     cfg = config(8192, 129280, overrides=(("interpret", True),))  # one tile per block, loops
     assert (cfg.merge_tile, cfg.unroll) == (cfg.merge_block, False)
 
