@@ -113,7 +113,7 @@ SMALL_MERGE_LANES = 256
 SMALL_MERGE_LANES_MAX_TOKENS = 8192
 
 #: Up to FEW_MERGE_LANES_MAX_TOKENS, half SMALL_MERGE_LANES. H200, probe_jax, chains of 300
-#: calls in one process, 256 lanes / 128, us (NOTES v44 items 2-3): 4096 uniform 87.5, 86.9,
+#: calls in one process, 256 lanes / 128, us (NOTES v44 item 3): 4096 uniform 87.5, 86.9,
 #: 87.0, 86.5, 86.0, 86.8, 86.9 / 86.0, 85.0, 85.0, 85.8; 3584 uniform 77.0, 76.9, 76.9, 77.4,
 #: 77.0, 76.8, 76.9 / 76.3, 76.6, 76.1, 76.1; 4096 Zipf 60.2, 60.0, 59.9, 59.9 / 58.8, 58.8, 58.7
 #: (and in the first of the two calls, where 4096 Zipf chains were host-bound and noisy, 59.7,
