@@ -28,9 +28,10 @@ requires_gpus = pytest.mark.skipif(not ON_BOTH_GPUS, reason="needs CUDA in torch
 # the core reference, on the same seeded arrays, so torch and JAX agree on all of them by
 # transitivity. Here, on the CPU, a direct check of a few: each path's main dtypes, each path's
 # special values (-0, subnormals, sums that overflow), and ids out of range. Through both
-# interpreters the whole list cost CI 172 s of its 2 x 15 minutes (session 45), torch-path-3073
+# interpreters the whole list took 172 s of the CI workers' time (session 45), torch-path-3073
 # about 100 s more (session 33). The GPU test below runs every GPU case.
 SAME_BITS_CPU = ("s-runs-bf16-f32", "f-runs-bf16-f32", "s-specials", "f-specials", "ids-out-of-range")
+assert set(SAME_BITS_CPU) <= {c.name for c in cpu_cases()}, "SAME_BITS_CPU names a case cpu_cases() lacks"
 
 
 @pytest.mark.parametrize("case", [c for c in cpu_cases() if c.name in SAME_BITS_CPU], ids=lambda c: c.name)
