@@ -77,7 +77,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.custom_partitioning import custom_partitioning
 from jax.experimental.pallas import triton as plgpu
+from jax.sharding import NamedSharding, PartitionSpec
 
 from embwgrad_core import (
     BF16_SCRATCH_MIN_TOKENS,
@@ -1497,9 +1499,82 @@ def _accumulate_impl(ids, grad, main_grad, *, padding_idx=None, zero_rows=False,
     n, hidden = problem.num_tokens, problem.hidden
     if n == 0 or hidden == 0:
         return main_grad
-    cfg = _config(problem, torch_path(n) if path is None else path, overrides, zero_rows=zero_rows)
-    cfg = dataclasses.replace(cfg, vary=_mesh_axes(ids, grad, main_grad))
-    return _run_stages(ids.reshape(n), grad.reshape(n, hidden), main_grad, problem, cfg).main_grad
+    padding = None if problem.padding_idx < 0 else problem.padding_idx
+    return _partitioned(ids.reshape(n), grad.reshape(n, hidden), main_grad, padding, zero_rows, path, overrides,
+                        _mesh_axes(ids, grad, main_grad))
+
+
+def _stages(ids, grad, main_grad, padding_idx, zero_rows, path, overrides, vary):
+    """main_grad with the rows of ids [n] added from grad [n, H]: every stage, on this main_grad (all of it, or a device's shard)."""
+    problem = _check(ids, grad, main_grad, padding_idx)
+    cfg = _config(problem, torch_path(problem.num_tokens) if path is None else path, overrides, zero_rows=zero_rows)
+    return _run_stages(ids, grad, main_grad, problem, dataclasses.replace(cfg, vary=vary)).main_grad
+
+
+# ----------------------------------------------------------------------------- under jax.jit with sharded arrays
+#
+# A pallas_call is a custom call, which XLA's partitioner would otherwise replicate: under jit
+# with a main_grad sharded over devices, every device would gather all of main_grad, add all
+# of it, and keep its own shard. With the rule below each device adds into its own shard only:
+#
+# - main_grad keeps its sharding, [V, H] split over any mesh axes (rows, columns or both);
+# - ids and grad are gathered over their token dimension (a call under jit adds every token,
+#   as on one device), and grad is split over the columns as main_grad is;
+# - a device whose shard holds rows [r0, r0 + V_local) passes ids - r0, with the ids outside
+#   its rows (padding_idx's too) made -1, so they add nothing there. A row's run, its partials
+#   and, on the feature path, its chunk positions depend only on the positions of its own
+#   tokens and on n, which every device keeps: each shard gets the bits of its rows in the
+#   call on one device, and columns are summed independently.
+#
+# On one device, and inside a jax.shard_map over every mesh axis, jax lowers the body as it is
+# (_stages).
+
+
+def _axis_names(entry) -> tuple:
+    """A PartitionSpec entry's mesh axes: () for None, a name, or a tuple of names."""
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _main_grad_axes(mesh, sharding) -> tuple:
+    """(row axes, column axes) of main_grad's sharding; both () where it is no NamedSharding of this mesh (then replicated)."""
+    if not isinstance(sharding, NamedSharding) or sharding.mesh.shape_tuple != mesh.shape_tuple:
+        return (), ()
+    spec = tuple(sharding.spec) + (None, None)
+    return _axis_names(spec[0]), _axis_names(spec[1])
+
+
+def _spec(axes: tuple):
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
+def _partition(padding_idx, zero_rows, path, overrides, vary, mesh, arg_shapes, result_shape):
+    rows, cols = _main_grad_axes(mesh, arg_shapes[2].sharding)
+    main = NamedSharding(mesh, PartitionSpec(_spec(rows), _spec(cols)))
+
+    def lower_fn(ids, grad, main_grad):
+        padding = padding_idx
+        if rows:  # this device's rows of main_grad start at r0
+            local = main_grad.shape[0]
+            r0 = lax.axis_index(rows) * local
+            keep = (ids >= r0) & (ids < r0 + local)
+            if padding_idx is not None:
+                keep &= ids != padding_idx
+            ids, padding = jnp.where(keep, ids - r0, -1).astype(ids.dtype), None
+        return _stages(ids, grad, main_grad, padding, zero_rows, path, overrides, vary)
+
+    return mesh, lower_fn, main, (NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec(None, _spec(cols))), main)
+
+
+def _infer_sharding(padding_idx, zero_rows, path, overrides, vary, mesh, arg_shapes, result_shape):
+    rows, cols = _main_grad_axes(mesh, arg_shapes[2].sharding)
+    return NamedSharding(mesh, PartitionSpec(_spec(rows), _spec(cols)))
+
+
+_partitioned = custom_partitioning(_stages, static_argnums=(3, 4, 5, 6, 7))
+_partitioned.def_partition(partition=_partition, infer_sharding_from_operands=_infer_sharding,
+                           sharding_rule="n, n h, v h -> v h", need_replication_factors=("n",))
 
 
 _JIT = dict(static_argnames=("padding_idx", "zero_rows", "path", "overrides"), donate_argnames=("main_grad",))
@@ -1534,6 +1609,11 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
         do not occur, of padding_idx, and of ids outside [0, V) (skipped, not checked) keep
         their bits. On GPU, four Pallas Triton launches (three and a lax.sort above
         MERGE_SORT_MAX_TOKENS tokens); on CPU the same kernels in interpret mode.
+
+    Under jax.jit with sharded arrays, every token of the call is added, as on one device, and
+    each device adds only into its own shard of main_grad (split by rows, columns or both, over
+    any mesh axes; the sharding is kept): ids and grad are gathered over tokens where split, and
+    main_grad is never moved (_partition).
 
     Inside jax.shard_map (one call per device on its own shards, e.g. data parallel with a
     main_grad per device), every kernel's outputs vary over main_grad's mesh axes, so shard_map's

@@ -630,6 +630,54 @@ def test_shard_map_main_grad_must_vary_with_ids():
     assert not main_grad.is_deleted()
 
 
+# ----------------------------------------------------------------------------- under jax.jit with sharded arrays
+
+TWO_DEVICES = pytest.mark.skipif(len(jax.devices()) < 2, reason="needs two devices (CPU: tests/conftest.py gives two; GPU: a two-GPU machine)")
+COLLECTIVE = re.compile(r"= (\S+) (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)(-start)?\(")
+
+# (main_grad's spec, ids' and grad's spec over tokens) on a mesh of two devices along "x".
+JIT_SHARDINGS = {
+    "rows": (P("x", None), P()),
+    "rows-tokens-split": (P("x", None), P("x")),
+    "columns": (P(None, "x"), P()),
+    "columns-tokens-split": (P(None, "x"), P("x")),
+    "replicated-tokens-split": (P(), P("x")),
+}
+
+
+@TWO_DEVICES
+@pytest.mark.parametrize("route", ["feature", "sort-merge-small"])
+@pytest.mark.parametrize("sharding", JIT_SHARDINGS)
+def test_under_jit_each_device_adds_into_its_own_shard(sharding, route):
+    """accumulate under jax.jit with main_grad sharded over two devices (by rows, by columns, or
+    not at all) and ids and grad replicated or split over tokens: every bit as in one call on one
+    device (padding_idx and ids outside [0, V) included), main_grad keeps its sharding and each
+    device's shard is updated in place, and no collective moves main_grad: only ids and grad are
+    gathered (_partition)."""
+    n, path, overrides = SHARD_ROUTES[route]
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    main_spec, token_spec = JIT_SHARDINGS[sharding]
+    vocab, hidden, padding_idx = 40, 24, 7
+    ids = zipf_ids(n, vocab + 4, seed=3).astype(np.int32) - 2  # a few ids outside [0, V) on both sides
+    grad = np.random.default_rng(4).standard_normal((n, hidden), dtype=np.float32).astype(numpy_dtype("bfloat16"))
+    main_grad = np.random.default_rng(5).standard_normal((vocab, hidden), dtype=np.float32)
+    expected = reference.accumulate(ids, grad, main_grad, padding_idx=padding_idx, path=path)
+
+    put = lambda a, spec: jax.device_put(to_jax(a), jax.sharding.NamedSharding(mesh, spec))
+    args = (put(ids, token_spec), put(grad, token_spec), put(main_grad, main_spec))
+    step = jax.jit(functools.partial(ew._accumulate, padding_idx=padding_idx, path=path, overrides=overrides), donate_argnums=2)
+    text = step.lower(*args).compile().as_text()
+    moved = [shape for shape, *_ in COLLECTIVE.findall(text)]
+    assert not [shape for shape in moved if f"[{vocab}," in shape or f"[{vocab // 2}," in shape], moved  # no main_grad rows
+    if token_spec == P():
+        assert moved == []  # nothing to gather
+    pointers = {s.device: s.data.unsafe_buffer_pointer() for s in args[2].addressable_shards}
+    out = step(*args)
+    assert out.sharding.is_equivalent_to(args[2].sharding, 2)
+    assert {s.device: s.data.unsafe_buffer_pointer() for s in out.addressable_shards} == pointers
+    assert_bits_equal(np.asarray(out), expected)
+
+
 # ----------------------------------------------------------------------------- against XLA's dense route
 
 
