@@ -1500,8 +1500,10 @@ def _accumulate_impl(ids, grad, main_grad, *, padding_idx=None, zero_rows=False,
     if n == 0 or hidden == 0:
         return main_grad
     padding = None if problem.padding_idx < 0 else problem.padding_idx
-    return _partitioned(ids.reshape(n), grad.reshape(n, hidden), main_grad, padding, zero_rows, path, overrides,
-                        _mesh_axes(ids, grad, main_grad))
+    ids, grad = ids.reshape(n), grad.reshape(n, hidden)
+    if _explicit_axes(main_grad):
+        return _in_explicit_mesh(ids, grad, main_grad, padding, zero_rows, path, overrides)
+    return _partitioned(ids, grad, main_grad, padding, zero_rows, path, overrides, _mesh_axes(ids, grad, main_grad))
 
 
 def _stages(ids, grad, main_grad, padding_idx, zero_rows, path, overrides, vary):
@@ -1549,20 +1551,24 @@ def _spec(axes: tuple):
     return None if not axes else axes[0] if len(axes) == 1 else axes
 
 
+def _shard_stages(ids, grad, main_grad, rows: tuple, padding_idx, zero_rows, path, overrides, vary):
+    """_stages on this device's shard of main_grad, split by rows over the mesh axes `rows` (maybe none)."""
+    if rows:  # this device's rows of main_grad start at r0
+        local = main_grad.shape[0]
+        r0 = lax.axis_index(rows) * local
+        keep = (ids >= r0) & (ids < r0 + local)
+        if padding_idx is not None:
+            keep &= ids != padding_idx
+        ids, padding_idx = jnp.where(keep, ids - r0, -1).astype(ids.dtype), None
+    return _stages(ids, grad, main_grad, padding_idx, zero_rows, path, overrides, vary)
+
+
 def _partition(padding_idx, zero_rows, path, overrides, vary, mesh, arg_shapes, result_shape):
     rows, cols = _main_grad_axes(mesh, arg_shapes[2].sharding)
     main = NamedSharding(mesh, PartitionSpec(_spec(rows), _spec(cols)))
 
     def lower_fn(ids, grad, main_grad):
-        padding = padding_idx
-        if rows:  # this device's rows of main_grad start at r0
-            local = main_grad.shape[0]
-            r0 = lax.axis_index(rows) * local
-            keep = (ids >= r0) & (ids < r0 + local)
-            if padding_idx is not None:
-                keep &= ids != padding_idx
-            ids, padding = jnp.where(keep, ids - r0, -1).astype(ids.dtype), None
-        return _stages(ids, grad, main_grad, padding, zero_rows, path, overrides, vary)
+        return _shard_stages(ids, grad, main_grad, rows, padding_idx, zero_rows, path, overrides, vary)
 
     return mesh, lower_fn, main, (NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec(None, _spec(cols))), main)
 
@@ -1575,6 +1581,36 @@ def _infer_sharding(padding_idx, zero_rows, path, overrides, vary, mesh, arg_sha
 _partitioned = custom_partitioning(_stages, static_argnums=(3, 4, 5, 6, 7))
 _partitioned.def_partition(partition=_partition, infer_sharding_from_operands=_infer_sharding,
                            sharding_rule="n, n h, v h -> v h", need_replication_factors=("n",))
+
+
+# Under jax.set_mesh with Explicit axes, arrays carry their shardings in their types and a
+# pallas_call must run where every mesh axis is Manual: the same split by jax.shard_map, ids
+# and grad resharded first as _partition asks for them.
+
+
+def _explicit_axes(x) -> tuple:
+    """The Explicit mesh axes of x's type (under jax.set_mesh with AxisType.Explicit); () otherwise."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    if mesh is None or explicit is None:
+        return ()
+    return tuple(name for name, kind in zip(mesh.axis_names, getattr(mesh, "axis_types", ())) if kind == explicit)
+
+
+def _in_explicit_mesh(ids, grad, main_grad, padding_idx, zero_rows, path, overrides):
+    sharding = jax.typeof(main_grad).sharding
+    spec = tuple(sharding.spec) + (None, None)
+    rows, cols = _axis_names(spec[0]), _axis_names(spec[1])
+    main = PartitionSpec(_spec(rows), _spec(cols))
+    ids = jax.sharding.reshard(ids, PartitionSpec())
+    grad = jax.sharding.reshard(grad, PartitionSpec(None, _spec(cols)))
+    body = functools.partial(_shard_stages, rows=rows, padding_idx=padding_idx, zero_rows=zero_rows, path=path,
+                             overrides=overrides, vary=())
+    # check_vma off: the body's outputs vary as main_grad does by construction (in Pallas interpret
+    # mode jax 0.10.2 fails its own check, as tests/test_jax_frontend.py's shard_map tests note).
+    return jax.shard_map(body, mesh=sharding.mesh, in_specs=(PartitionSpec(), PartitionSpec(None, _spec(cols)), main),
+                         out_specs=main, check_vma=False)(ids, grad, main_grad)
 
 
 _JIT = dict(static_argnames=("padding_idx", "zero_rows", "path", "overrides"), donate_argnames=("main_grad",))
@@ -1613,7 +1649,8 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
     Under jax.jit with sharded arrays, every token of the call is added, as on one device, and
     each device adds only into its own shard of main_grad (split by rows, columns or both, over
     any mesh axes; the sharding is kept): ids and grad are gathered over tokens where split, and
-    main_grad is never moved (_partition).
+    main_grad is never moved (_partition; under jax.set_mesh with Explicit axes, the same split
+    by a shard_map, _in_explicit_mesh).
 
     Inside jax.shard_map (one call per device on its own shards, e.g. data parallel with a
     main_grad per device), every kernel's outputs vary over main_grad's mesh axes, so shard_map's

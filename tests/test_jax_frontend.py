@@ -9,6 +9,7 @@ makes a missing GPU a failure): the shared GPU cases against the core reference,
 extra memory.
 """
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -645,17 +646,26 @@ JIT_SHARDINGS = {
 }
 
 
+def _two_device_mesh(explicit: bool):
+    if not explicit:
+        return Mesh(np.array(jax.devices()[:2]), ("x",)), contextlib.nullcontext()
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+    return mesh, jax.set_mesh(mesh)
+
+
 @TWO_DEVICES
 @pytest.mark.parametrize("route", ["feature", "sort-merge-small"])
 @pytest.mark.parametrize("sharding", JIT_SHARDINGS)
-def test_under_jit_each_device_adds_into_its_own_shard(sharding, route):
+@pytest.mark.parametrize("axes", ["auto", "explicit"])
+def test_under_jit_each_device_adds_into_its_own_shard(axes, sharding, route):
     """accumulate under jax.jit with main_grad sharded over two devices (by rows, by columns, or
     not at all) and ids and grad replicated or split over tokens: every bit as in one call on one
     device (padding_idx and ids outside [0, V) included), main_grad keeps its sharding and each
-    device's shard is updated in place, and no collective moves main_grad: only ids and grad are
-    gathered (_partition)."""
+    device's shard is donated (updated in place on a GPU), and no collective moves main_grad: only
+    ids and grad are gathered. Auto mesh axes: the partitioning rule (_partition); Explicit ones (jax.set_mesh):
+    the same split by shard_map (_in_explicit_mesh)."""
     n, path, overrides = SHARD_ROUTES[route]
-    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    mesh, context = _two_device_mesh(axes == "explicit")
     main_spec, token_spec = JIT_SHARDINGS[sharding]
     vocab, hidden, padding_idx = 40, 24, 7
     ids = zipf_ids(n, vocab + 4, seed=3).astype(np.int32) - 2  # a few ids outside [0, V) on both sides
@@ -664,17 +674,20 @@ def test_under_jit_each_device_adds_into_its_own_shard(sharding, route):
     expected = reference.accumulate(ids, grad, main_grad, padding_idx=padding_idx, path=path)
 
     put = lambda a, spec: jax.device_put(to_jax(a), jax.sharding.NamedSharding(mesh, spec))
-    args = (put(ids, token_spec), put(grad, token_spec), put(main_grad, main_spec))
-    step = jax.jit(functools.partial(ew._accumulate, padding_idx=padding_idx, path=path, overrides=overrides), donate_argnums=2)
-    text = step.lower(*args).compile().as_text()
-    moved = [shape for shape, *_ in COLLECTIVE.findall(text)]
-    assert not [shape for shape in moved if f"[{vocab}," in shape or f"[{vocab // 2}," in shape], moved  # no main_grad rows
-    if token_spec == P():
-        assert moved == []  # nothing to gather
-    pointers = {s.device: s.data.unsafe_buffer_pointer() for s in args[2].addressable_shards}
-    out = step(*args)
+    with context:
+        args = (put(ids, token_spec), put(grad, token_spec), put(main_grad, main_spec))
+        step = jax.jit(functools.partial(ew._accumulate, padding_idx=padding_idx, path=path, overrides=overrides), donate_argnums=2)
+        text = step.lower(*args).compile().as_text()
+        moved = [shape for shape, *_ in COLLECTIVE.findall(text)]
+        assert not [shape for shape in moved if f"[{vocab}," in shape or f"[{vocab // 2}," in shape], moved  # no main_grad rows
+        if token_spec == P():
+            assert moved == []  # nothing to gather
+        assert "input_output_alias={ {}: (2, {}" in text  # main_grad's shard donated to the output
+        pointers = {s.device: s.data.unsafe_buffer_pointer() for s in args[2].addressable_shards}
+        out = step(*args)
     assert out.sharding.is_equivalent_to(args[2].sharding, 2)
-    assert {s.device: s.data.unsafe_buffer_pointer() for s in out.addressable_shards} == pointers
+    if ON_GPU:  # the kernels write main_grad in place (on CPU the interpreter's copies decide)
+        assert {s.device: s.data.unsafe_buffer_pointer() for s in out.addressable_shards} == pointers
     assert_bits_equal(np.asarray(out), expected)
 
 
