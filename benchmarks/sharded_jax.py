@@ -5,7 +5,7 @@
 main_grad [V, H] fp32 is split by rows over every local device (mesh axis "x"), ids and grad
 replicated, bf16 grad; V = 129280, H = 7168 unless PROBE_SHAPE says otherwise, the points of
 PROBE_POINTS (default 8192 uniform, 8192 Zipf, 32768 uniform). Per point, ms per call (median of
-5 chains of 50 donated calls, as bench_jax.py's chains):
+5 chains of 50 donated calls, bench_jax.chain_ms):
 
 - "sharded": `jax_frontend.accumulate`, whose rule (_partition) has each device add into its own rows;
 - "no rule": the same kernels without the rule (`_stages` under jit, which is what accumulate
@@ -17,12 +17,10 @@ Exact: the sharded and no-rule results against the one-device call's, bit for bi
 one-device call is tested against the core reference). A table last.
 """
 
-import statistics
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
+from bench_jax import chain_ms
 from common import ids_for, probe_points, probe_shape
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -30,20 +28,7 @@ from jax.sharding import PartitionSpec as P
 import jax_frontend
 from jax_frontend import embedding_wgrad as ew
 
-
-def chain_ms(step, state, reps=50, repeats=5):
-    state = step(state)
-    state.block_until_ready()
-    if jax.default_backend() == "cpu":  # the interpreter: one call, to show it runs
-        reps, repeats = 1, 1
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(reps):
-            state = step(state)
-        state.block_until_ready()
-        times.append((time.perf_counter() - t) * 1e3 / reps)
-    return statistics.median(times), state
+REPS, REPEATS = 50, 5  # the no-rule call takes milliseconds, so shorter chains than bench_jax.py's
 
 
 def same_bits(a, b) -> bool:
@@ -77,10 +62,10 @@ def main():
             del out
         del one
         ms = {}
-        ms["one device"], state = chain_ms(lambda m: jax_frontend.accumulate(ids1, grad1, m), start.copy())
+        ms["one device"], state = chain_ms(lambda m: jax_frontend.accumulate(ids1, grad1, m), start.copy(), REPS, REPEATS)
         del state
         for name, fn in (("sharded", sharded), ("no rule", no_rule), ("XLA scatter", scatter)):
-            ms[name], state = chain_ms(lambda m, fn=fn: fn(ids_r, grad_r, m), jax.device_put(start, rows))
+            ms[name], state = chain_ms(lambda m, fn=fn: fn(ids_r, grad_r, m), jax.device_put(start, rows), REPS, REPEATS)
             del state
         table.append((n, dist, ms, exact))
         print(n, dist, {k: round(v, 4) for k, v in ms.items()}, exact, flush=True)

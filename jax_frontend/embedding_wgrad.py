@@ -1547,6 +1547,12 @@ def _main_grad_axes(mesh, sharding) -> tuple:
     return _axis_names(spec[0]), _axis_names(spec[1])
 
 
+def _main_grad_sharding(mesh, arg_shapes) -> tuple:
+    """(row axes, column axes, NamedSharding) that main_grad keeps and the result takes (_main_grad_axes)."""
+    rows, cols = _main_grad_axes(mesh, arg_shapes[2].sharding)
+    return rows, cols, NamedSharding(mesh, PartitionSpec(_spec(rows), _spec(cols)))
+
+
 def _spec(axes: tuple):
     return None if not axes else axes[0] if len(axes) == 1 else axes
 
@@ -1564,8 +1570,7 @@ def _shard_stages(ids, grad, main_grad, rows: tuple, padding_idx, zero_rows, pat
 
 
 def _partition(padding_idx, zero_rows, path, overrides, vary, mesh, arg_shapes, result_shape):
-    rows, cols = _main_grad_axes(mesh, arg_shapes[2].sharding)
-    main = NamedSharding(mesh, PartitionSpec(_spec(rows), _spec(cols)))
+    rows, cols, main = _main_grad_sharding(mesh, arg_shapes)
 
     def lower_fn(ids, grad, main_grad):
         return _shard_stages(ids, grad, main_grad, rows, padding_idx, zero_rows, path, overrides, vary)
@@ -1574,8 +1579,7 @@ def _partition(padding_idx, zero_rows, path, overrides, vary, mesh, arg_shapes, 
 
 
 def _infer_sharding(padding_idx, zero_rows, path, overrides, vary, mesh, arg_shapes, result_shape):
-    rows, cols = _main_grad_axes(mesh, arg_shapes[2].sharding)
-    return NamedSharding(mesh, PartitionSpec(_spec(rows), _spec(cols)))
+    return _main_grad_sharding(mesh, arg_shapes)[2]
 
 
 _partitioned = custom_partitioning(_stages, static_argnums=(3, 4, 5, 6, 7))
@@ -1600,8 +1604,7 @@ def _explicit_axes(x) -> tuple:
 
 def _in_explicit_mesh(ids, grad, main_grad, padding_idx, zero_rows, path, overrides):
     sharding = jax.typeof(main_grad).sharding
-    spec = tuple(sharding.spec) + (None, None)
-    rows, cols = _axis_names(spec[0]), _axis_names(spec[1])
+    rows, cols = _main_grad_axes(sharding.mesh, sharding)
     main = PartitionSpec(_spec(rows), _spec(cols))
     ids = jax.sharding.reshard(ids, PartitionSpec())
     grad = jax.sharding.reshard(grad, PartitionSpec(None, _spec(cols)))
