@@ -216,7 +216,8 @@ def gpu_cases() -> list[Case]:
         cases.append(Case(f"feature-f32-bf16-{n}", uniform_ids(n, 700, seed=n), 771, 700, "float32", "bfloat16", seed=n))
     # Megatron's vocab-parallel input on a rank of TP = 8: a run of ~7400 zero rows (and a few real
     # ones) at row 0, whose folds skip the zero partials (ZERO_SKIP_MIN_PARTIALS); and above
-    # FOLD_ROLE_MAX_TOKENS, where the long-run kernel folds.
+    # FOLD_ROLE_MAX_TOKENS, where JAX's long-run kernel folds (torch's folders fold up to
+    # FOLDERS_MAX_TOKENS, 16384: there the 32768-token Zipf case takes its long-run kernel).
     # Rank 1's own row 0 (id V / 8) does not occur in these ids: one masked token in 997 keeps a
     # nonzero row, so that row 0's folds meet blocks of both kinds too.
     for n in (8192, 16384):

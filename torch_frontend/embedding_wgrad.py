@@ -34,7 +34,7 @@ synchronisation:
    partials go to a scratch buffer (sort path: each counts itself in its run's arrival counter;
    feature path: the run's last partial lists the run). A partial of one row (most of them when
    ids spread over a large vocabulary) is a plain copy-add. Sort path up to
-   FOLD_ROLE_MAX_TOKENS: a few of the kernel's programs, those that start right after the
+   FOLDERS_MAX_TOKENS: a few of the kernel's programs, those that start right after the
    programs of the long runs' partials, fold the long runs as their partials arrive
    (_fold_runs), and there is no fourth launch.
 4. Otherwise ``_long_runs_kernel`` folds each listed run's partials in order, rounds, adds to
@@ -186,6 +186,15 @@ COUNT_AGGREGATE = True
 #: The partials kernel's own folders (n <= FOLD_ROLE_MAX_TOKENS) stay unpipelined: their shared
 #: memory would be every program's, and the call lost 2.5-5.6 us at 8192 Zipf (fold_stages).
 LONG_FOLD = (4, 8)
+
+#: Sort path: up to this many tokens the partials kernel's own programs fold the long runs
+#: (FOLD_PROGRAMS_PER_SM per SM, _fold_runs); above, _long_runs_kernel does. Torch's own bound,
+#: twice the core's FOLD_ROLE_MAX_TOKENS, which the JAX frontend keeps (its partials grid and warps
+#: change there too). H200, graph replay, one process (NOTES v47 item 6), long-run kernel / folders:
+#: 12288 Zipf 137.3 / 127.5 us, 16384 Zipf 174.0 / 162.1, 16384 uniform 296.9 / 295.3, Megatron TP8
+#: ids at 12288 / 16384 tokens 90.0 / 88.6 and 108.2 / 101.9, TP2 at 16384 140.0 / 139.0; but 24576
+#: Zipf 246.5 / 249.5 and 32768 Zipf 343 / 391 (v8): there the folders fall behind the many long runs.
+FOLDERS_MAX_TOKENS = 2 * FOLD_ROLE_MAX_TOKENS
 
 #: A long run's partials past its last full batch are folded FOLD_TAIL at a time (_fold).
 FOLD_TAIL = tl.constexpr(4)
@@ -1365,7 +1374,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         record_hint=RECORD_HINT,
         l1_hint=RECORD_L1_HINT,
         tail_programs=0 if feature else TAIL_PROGRAMS_PER_SM * sms,
-        fold_programs=FOLD_PROGRAMS_PER_SM * sms if not feature and n <= FOLD_ROLE_MAX_TOKENS else 0,
+        fold_programs=FOLD_PROGRAMS_PER_SM * sms if not feature and n <= FOLDERS_MAX_TOKENS else 0,
         fold_h=256,
         fold_batch=16,
         pdl=pdl and not interpret,
