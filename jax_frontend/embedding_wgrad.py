@@ -1539,22 +1539,22 @@ def _axis_names(entry) -> tuple:
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _main_grad_axes(mesh, sharding) -> tuple:
-    """(row axes, column axes) of main_grad's sharding; both () where it is no NamedSharding of this mesh (then replicated)."""
-    if not isinstance(sharding, NamedSharding) or sharding.mesh.shape_tuple != mesh.shape_tuple:
-        return (), ()
-    spec = tuple(sharding.spec) + (None, None)
-    return _axis_names(spec[0]), _axis_names(spec[1])
-
-
-def _main_grad_sharding(mesh, arg_shapes) -> tuple:
-    """(row axes, column axes, NamedSharding) that main_grad keeps and the result takes (_main_grad_axes)."""
-    rows, cols = _main_grad_axes(mesh, arg_shapes[2].sharding)
-    return rows, cols, NamedSharding(mesh, PartitionSpec(_spec(rows), _spec(cols)))
-
-
 def _spec(axes: tuple):
     return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
+def _split(mesh, sharding) -> tuple:
+    """(main_grad's row axes, and the PartitionSpecs of ids, grad and main_grad) for a main_grad of this sharding.
+
+    main_grad keeps its split, by rows, columns or both (replicated where its sharding is no
+    NamedSharding of this mesh); ids and grad are whole over tokens, and grad is split by columns
+    as main_grad is.
+    """
+    rows, cols = (), ()
+    if isinstance(sharding, NamedSharding) and sharding.mesh.shape_tuple == mesh.shape_tuple:
+        spec = tuple(sharding.spec) + (None, None)
+        rows, cols = _axis_names(spec[0]), _axis_names(spec[1])
+    return rows, PartitionSpec(), PartitionSpec(None, _spec(cols)), PartitionSpec(_spec(rows), _spec(cols))
 
 
 def _shard_stages(ids, grad, main_grad, rows: tuple, padding_idx, zero_rows, path, overrides, vary):
@@ -1570,16 +1570,17 @@ def _shard_stages(ids, grad, main_grad, rows: tuple, padding_idx, zero_rows, pat
 
 
 def _partition(padding_idx, zero_rows, path, overrides, vary, mesh, arg_shapes, result_shape):
-    rows, cols, main = _main_grad_sharding(mesh, arg_shapes)
+    rows, *specs = _split(mesh, arg_shapes[2].sharding)
 
     def lower_fn(ids, grad, main_grad):
         return _shard_stages(ids, grad, main_grad, rows, padding_idx, zero_rows, path, overrides, vary)
 
-    return mesh, lower_fn, main, (NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec(None, _spec(cols))), main)
+    ids, grad, main = (NamedSharding(mesh, spec) for spec in specs)
+    return mesh, lower_fn, main, (ids, grad, main)
 
 
 def _infer_sharding(padding_idx, zero_rows, path, overrides, vary, mesh, arg_shapes, result_shape):
-    return _main_grad_sharding(mesh, arg_shapes)[2]
+    return NamedSharding(mesh, _split(mesh, arg_shapes[2].sharding)[3])
 
 
 _partitioned = custom_partitioning(_stages, static_argnums=(3, 4, 5, 6, 7))
@@ -1604,16 +1605,14 @@ def _explicit_axes(x) -> tuple:
 
 def _in_explicit_mesh(ids, grad, main_grad, padding_idx, zero_rows, path, overrides):
     sharding = jax.typeof(main_grad).sharding
-    rows, cols = _main_grad_axes(sharding.mesh, sharding)
-    main = PartitionSpec(_spec(rows), _spec(cols))
-    ids = jax.sharding.reshard(ids, PartitionSpec())
-    grad = jax.sharding.reshard(grad, PartitionSpec(None, _spec(cols)))
+    rows, ids_spec, grad_spec, main_spec = _split(sharding.mesh, sharding)
+    ids, grad = jax.sharding.reshard(ids, ids_spec), jax.sharding.reshard(grad, grad_spec)
     body = functools.partial(_shard_stages, rows=rows, padding_idx=padding_idx, zero_rows=zero_rows, path=path,
                              overrides=overrides, vary=())
     # check_vma off: the body's outputs vary as main_grad does by construction (in Pallas interpret
     # mode jax 0.10.2 fails its own check, as tests/test_jax_frontend.py's shard_map tests note).
-    return jax.shard_map(body, mesh=sharding.mesh, in_specs=(PartitionSpec(), PartitionSpec(None, _spec(cols)), main),
-                         out_specs=main, check_vma=False)(ids, grad, main_grad)
+    return jax.shard_map(body, mesh=sharding.mesh, in_specs=(ids_spec, grad_spec, main_spec), out_specs=main_spec,
+                         check_vma=False)(ids, grad, main_grad)
 
 
 _JIT = dict(static_argnames=("padding_idx", "zero_rows", "path", "overrides"), donate_argnames=("main_grad",))
