@@ -122,6 +122,15 @@ VARIANTS = {
     "m8 combo 3": (("merge_u", 8), ("tail_programs", 0), ("partial_programs", 96 * ew._gpu_sms())),
     "default 3": (),
     "long batched": (("long_ahead", False), ("long_batch", 32)),  # v28: the long-run kernel as before (feature path too)
+    # v48: above FOLD_ROLE_MAX_TOKENS, folder programs in the partials kernel (torch's FOLDERS_MAX_TOKENS, v47 item 6)
+    # instead of the long-run kernel: as torch (one warp, no tail), and with the forms this frontend takes up to 8192 tokens.
+    "folders": (("fold_programs", 4 * ew._gpu_sms()),),
+    "folders tail": (("fold_programs", 4 * ew._gpu_sms()), ("tail_programs", 24 * ew._gpu_sms())),
+    "folders 2w tail": (("fold_programs", 4 * ew._gpu_sms()), ("partial_warps", 2), ("tail_programs", 24 * ew._gpu_sms())),
+    "folders 2w tail 192/SM": (("fold_programs", 4 * ew._gpu_sms()), ("partial_warps", 2), ("tail_programs", 24 * ew._gpu_sms()),
+                               ("partial_programs", 192 * ew._gpu_sms())),
+    "folders 2": (("fold_programs", 4 * ew._gpu_sms()),),
+    "folders 2w tail 2": (("fold_programs", 4 * ew._gpu_sms()), ("partial_warps", 2), ("tail_programs", 24 * ew._gpu_sms())),
 }
 
 

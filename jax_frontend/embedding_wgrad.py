@@ -1091,6 +1091,9 @@ def _config(problem: Problem, path: str, overrides: tuple = (), zero_rows: bool 
         partial_warps=1 if not feature and n > FOLD_ROLE_MAX_TOKENS else 2,
         partial_programs=partial_programs,
         prefetch=True,
+        # Not above FOLD_ROLE_MAX_TOKENS, unlike the torch twin's FOLDERS_MAX_TOKENS: there folders gained
+        # 2.5-3 us at 12288-16384 Zipf ids only with two-warp programs, which cost 16384 uniform 3.6 us
+        # and 24576 Zipf 8 (one-warp programs with folders: 7-18 us slower; NOTES v48 item 1).
         fold_programs=0 if feature or n > FOLD_ROLE_MAX_TOKENS else (2 if interpret else FOLD_PROGRAMS_PER_SM * _gpu_sms()),
         # Sort path: folders and the long-run kernel load the next batch of partials while they add
         # this one, the folders over 128 columns: Megatron's vocab-parallel ids (probe_tp.py) 12-17%
