@@ -25,6 +25,11 @@ from jax_frontend import embedding_wgrad as ew
 REAL_V, REAL_H = probe_shape()  # (V, H): the real shape, or PROBE_SHAPE
 
 POINTS = probe_points([(4096, "uniform"), (8192, "uniform"), (8192, "zipf"), (32768, "uniform"), (32768, "zipf")])  # or PROBE_POINTS
+# The settings this frontend takes up to FOLD_ROLE_MAX_TOKENS, as overrides (v48's variants above it).
+_FOLDERS = (("fold_programs", ew.FOLD_PROGRAMS_PER_SM * ew._gpu_sms()),)
+_TAIL = (("tail_programs", ew.TAIL_PROGRAMS_PER_SM * ew._gpu_sms()),)
+_TWO_WARPS = (("partial_warps", 2),)
+
 #: name -> _Config overrides
 VARIANTS = {
     "default": (),
@@ -124,13 +129,12 @@ VARIANTS = {
     "long batched": (("long_ahead", False), ("long_batch", 32)),  # v28: the long-run kernel as before (feature path too)
     # v48: above FOLD_ROLE_MAX_TOKENS, folder programs in the partials kernel (torch's FOLDERS_MAX_TOKENS, v47 item 6)
     # instead of the long-run kernel: as torch (one warp, no tail), and with the forms this frontend takes up to 8192 tokens.
-    "folders": (("fold_programs", 4 * ew._gpu_sms()),),
-    "folders tail": (("fold_programs", 4 * ew._gpu_sms()), ("tail_programs", 24 * ew._gpu_sms())),
-    "folders 2w tail": (("fold_programs", 4 * ew._gpu_sms()), ("partial_warps", 2), ("tail_programs", 24 * ew._gpu_sms())),
-    "folders 2w tail 192/SM": (("fold_programs", 4 * ew._gpu_sms()), ("partial_warps", 2), ("tail_programs", 24 * ew._gpu_sms()),
-                               ("partial_programs", 192 * ew._gpu_sms())),
-    "folders 2": (("fold_programs", 4 * ew._gpu_sms()),),
-    "folders 2w tail 2": (("fold_programs", 4 * ew._gpu_sms()), ("partial_warps", 2), ("tail_programs", 24 * ew._gpu_sms())),
+    "folders": _FOLDERS,
+    "folders tail": _FOLDERS + _TAIL,
+    "folders 2w tail": _FOLDERS + _TWO_WARPS + _TAIL,
+    "folders 2w tail 192/SM": _FOLDERS + _TWO_WARPS + _TAIL + (("partial_programs", 192 * ew._gpu_sms()),),
+    "folders 2": _FOLDERS,
+    "folders 2w tail 2": _FOLDERS + _TWO_WARPS + _TAIL,
 }
 
 
