@@ -11,7 +11,9 @@ variant "skip off" is a call without it), against the dense path on the shard's 
     python benchmarks/probe_tp.py                    (torch; default points, DEFAULT_VARIANTS)
     python benchmarks/probe_tp.py "default,fold_h 64"  (those variants of probe_calls.VARIANTS)
     PROBE_POINTS=8192:8,8192:2 python benchmarks/probe_tp.py   (n:TP)
+    python benchmarks/probe_tp.py --bound            (zero_rows against masked, and the other ranks' tokens dropped)
     python benchmarks/probe_tp.py --jax [variants]   (the JAX frontend, chains of donated calls; probe_jax.VARIANTS)
+    python benchmarks/probe_tp.py --jax --bound      (--bound through the JAX frontend)
 """
 
 import dataclasses
@@ -142,10 +144,69 @@ def run_jax(names):
     print_variant_table("JAX variant (us)", [(n, f"TP{tp}") for n, tp in pts], names, results, "DIFFERENT")
 
 
+def run_bound():
+    """The other ranks' zero rows, not read: the call on Megatron's input with zero_rows=True, the
+    same call with masked=input_mask (checked bit for bit against the dense path), and a bound: the
+    call with those tokens dropped (ids -1, which add nothing: no row read, no run at row 0; row 0's
+    bits may then differ, so not checked); the floor, and the floor of the shard's own tokens
+    (their grad rows, their main_grad rows and row 0's)."""
+    import torch
+    from bench_torch import copy_bandwidth, dense_expected, graph_ms, same_bits
+
+    import torch_frontend
+
+    bw = copy_bandwidth()
+    for n, tp in points():
+        ids, grad, main_grad, local, inside = torch_inputs(n, tp)
+        expected = dense_expected(ids, grad, main_grad)
+        masked = torch.from_numpy(~inside).cuda()
+        dropped = ids.masked_fill(masked, -1)
+        out = main_grad.clone()
+        torch_frontend.accumulate(ids, grad, out, masked=masked)
+        ok = same_bits(out, expected)
+        t_call = graph_ms(lambda: torch_frontend.accumulate(ids, grad, out, zero_rows=True)) * 1e3
+        t_masked = graph_ms(lambda: torch_frontend.accumulate(ids, grad, out, masked=masked)) * 1e3
+        t_drop = graph_ms(lambda: torch_frontend.accumulate(dropped, grad, out, zero_rows=True)) * 1e3
+        own = local[inside]
+        own_bytes = own.size * REAL_H * 2 + 2 * np.unique(np.concatenate([own, [0]])).size * REAL_H * 4
+        print(f"n={n} TP={tp}: zero_rows {t_call:.1f} us, masked {t_masked:.1f}{'' if ok else ' DIFFERENT'}, dropped {t_drop:.1f}, "
+              f"floor {floor_bytes(local, REAL_H) / bw * 1e3:.1f}, own tokens' floor {own_bytes / bw * 1e3:.1f}", flush=True)
+
+
+def run_bound_jax():
+    """run_bound's three calls through the JAX frontend (chains of donated calls), masked's checked
+    bit for bit against the core reference on the rows it touches."""
+    import jax.numpy as jnp
+    from bench_jax import chain_ms
+
+    import jax_frontend
+    from embwgrad_core import reference
+
+    for n, tp in points():
+        local, inside, shard = tp_inputs(n, tp)
+        rng = np.random.default_rng(n)
+        grad_np = (rng.standard_normal((n, REAL_H), dtype=np.float32) * inside[:, None]).astype(jnp.bfloat16)
+        ids, grad, masked = jnp.asarray(local.astype(np.int32)), jnp.asarray(grad_np), jnp.asarray(~inside)
+        dropped = jnp.where(masked, -1, ids)
+        touched = np.unique(local)
+        mg0 = rng.standard_normal((shard, REAL_H), dtype=np.float32)
+        got = np.asarray(jax_frontend.accumulate(ids, grad, jnp.asarray(mg0), masked=masked))[touched]
+        ok = np.array_equal(got.view(np.int32), reference.accumulate(local, grad_np, mg0)[touched].view(np.int32))
+        t_call, _ = chain_ms(lambda mg: jax_frontend.accumulate(ids, grad, mg, zero_rows=True), jnp.asarray(mg0))
+        t_masked, _ = chain_ms(lambda mg: jax_frontend.accumulate(ids, grad, mg, masked=masked), jnp.asarray(mg0))
+        t_drop, _ = chain_ms(lambda mg: jax_frontend.accumulate(dropped, grad, mg, zero_rows=True), jnp.asarray(mg0))
+        print(f"JAX n={n} TP={tp}: zero_rows {t_call * 1e3:.1f} us, masked {t_masked * 1e3:.1f}{'' if ok else ' DIFFERENT'}, "
+              f"dropped {t_drop * 1e3:.1f}", flush=True)
+
+
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    if "--jax" in sys.argv:
+    if "--jax" in sys.argv and "--bound" in sys.argv:
+        run_bound_jax()
+    elif "--jax" in sys.argv:
         run_jax(args[0].split(",") if args else ["default"])
+    elif "--bound" in sys.argv:
+        run_bound()
     elif "--stages" in sys.argv:
         run_stages()
     else:

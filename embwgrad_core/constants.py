@@ -65,7 +65,8 @@ BF16_SCRATCH_MIN_TOKENS = 2048
 #: zero_rows=True, as for Megatron's vocab-parallel lookup on a rank of TP > 1, whose other ranks'
 #: tokens all look up id 0 with zero grad rows): a long run of at least this many partials keeps,
 #: for each of its partials and H blocks, a flag saying whether the partial is nonzero there. A
-#: partial of more than one row whose fp32 sum is all +0 is not stored, and the fold skips the
+#: partial of more than one row whose fp32 sum is all +0 is not stored (in a shorter run, with no
+#: flags, every partial is stored: its fold reads them all), and the fold skips the
 #: blocks of ZERO_SKIP_BLOCK partials whose flags are all 0 and, in the other blocks, the zero
 #: partials' loads. Exact: a run's sum starts at +0 and an fp32 sum that starts at +0 is never
 #: -0, so adding +0 leaves it as it is (NaN and Inf have nonzero bits, so are never skipped).

@@ -18,7 +18,7 @@ import numpy as np
 from .constants import ACC_DTYPE, FEATURE
 from .dtypes import dtype_name, numpy_dtype, round_to
 from .plan import Plan, make_plan
-from .validate import check_args
+from .validate import check_args, check_masked
 
 
 def partial_sums(plan: Plan, grad2d: np.ndarray) -> np.ndarray:
@@ -67,14 +67,19 @@ def embedding_dense_backward(grad, ids, num_embeddings: int, *, padding_idx=None
     return out
 
 
-def accumulate(ids, grad, main_grad, *, padding_idx=None, path: str | None = None) -> np.ndarray:
+def accumulate(ids, grad, main_grad, *, padding_idx=None, path: str | None = None, masked=None) -> np.ndarray:
     """A copy of main_grad [V, H] plus embedding_dense_backward(grad, ids) in the rows of ids.
 
     ids: integer [*S]; grad: [*S, H] float32, bfloat16 (ml_dtypes) or float16; main_grad: [V, H]
     of those dtypes. path forces "feature" or "sort" arithmetic (default: PyTorch's choice).
+    masked: bool [*S] or None: the grad rows of those tokens are taken as +0 (validate.check_masked).
     """
     ids, grad, main_grad = np.asarray(ids), np.asarray(grad), np.asarray(main_grad)
     problem = _check(ids, grad, main_grad.shape, main_grad.dtype, padding_idx)
+    if masked is not None:
+        masked = np.asarray(masked)
+        check_masked(masked_shape=masked.shape, masked_is_bool=masked.dtype == np.bool_, masked_dtype=masked.dtype, ids_shape=ids.shape)
+        grad = np.where(masked[..., None], np.zeros((), grad.dtype), grad)
     out = main_grad.copy()
     if problem.num_tokens == 0 or problem.hidden == 0:
         return out

@@ -73,3 +73,18 @@ def check_args(
         grad_dtype=grad_name,
         main_grad_dtype=main_name,
     )
+
+
+def check_masked(*, masked_shape: tuple, masked_is_bool: bool, masked_dtype, ids_shape: tuple) -> None:
+    """Check accumulate's masked: bool [*S], ids' shape; raise TypeError/ValueError naming it.
+
+    masked marks the tokens whose grad rows are taken as +0 and never read (Megatron's
+    `input_mask`, whose tokens' rows its vocab-parallel lookup zeroes). The bits are those of
+    the dense path on grad with those rows zeroed, which for rows that are +0 or -0 already
+    are the dense path's on grad itself: +0 and -0 rows leave every sum alike (a sum that
+    starts at +0 is never -0).
+    """
+    if not masked_is_bool:
+        raise TypeError(f"masked must hold bools, got {masked_dtype}")
+    if tuple(masked_shape) != tuple(ids_shape):
+        raise ValueError(f"masked must have ids' shape {tuple(ids_shape)}, got {tuple(masked_shape)}")

@@ -37,6 +37,9 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
 5. With accumulate's zero_rows (sort path, as the torch twin): partials of more than one row in
    runs of at least ZERO_SKIP_MIN_PARTIALS partials flag whether they are nonzero per H block
    and, where not, store nothing; the folds skip them (_fold). Exact, since a sum from +0 is never -0.
+6. With accumulate's masked (implies zero_rows, as the torch twin): the plan is unchanged; every
+   load of a grad row (add_row, and the merge kernel's rows ahead) is predicated on the token's
+   mask byte, so a masked row is taken as +0 and never read.
 
 No atomics touch floating-point data; the atomics count records, long runs and arrivals, whose
 order changes no bit. bf16 rounding is integer bit operations (as in the torch kernels), so both
@@ -101,7 +104,7 @@ from embwgrad_core import (
     rows_ahead,
     torch_path,
 )
-from embwgrad_core.validate import Problem, check_args
+from embwgrad_core.validate import Problem, check_args, check_masked
 
 #: Lanes (tokens x blocks) per _merge_rank_kernel program on a GPU up to
 #: SMALL_MERGE_LANES_MAX_TOKENS; above, the tiles shared with the torch twin (1024). H200,
@@ -575,6 +578,7 @@ def _partials_kernel(
     run_start_ref,  # int32 [n]: first slot of each slot's run
     records_ref,  # int32 [n * REC_FIELDS]: sort path, a record per partial (_append_records); feature path, unused
     grad_ref,  # [n, H] bf16/fp16/fp32: position p's row is row p
+    masked_ref,  # int8 [n]: masked, nonzero where position p's row is taken as +0 and not read (else any array, unread)
     main_grad_in_ref,  # [V, H]: aliased to main_grad_ref, never read (stale in interpret mode)
     counts_in_ref,  # int32 [COUNTS]: aliased to counts_ref, never read
     long_runs_in_ref,  # int32 [max_long_runs, 2]: aliased to long_runs_ref, never read
@@ -605,6 +609,7 @@ def _partials_kernel(
     skip_min: int,  # sort path: runs of this many partials or more flag and skip their zero partials (_fold; 0: none)
     skip_block: int,  # flags a fold reads at once
     plan_policy: str | None,  # sort path: L2 eviction policy of the other positions' loads (PLAN_EVICT_LAST), or None
+    masked: bool,  # accumulate's masked: rows of masked positions are not loaded (their +0 changes no sum)
 ):
     """Every partial's rows summed in order, over one H block per item (partial, H block).
 
@@ -681,7 +686,7 @@ def _partials_kernel(
                 flagged = ~finish & (run_end - run_start > (skip_min - 1) * NROWS)  # a run of skip_min partials or more
                 nonzero = jnp.int32(1) if nonzero is None else nonzero
                 plgpu.store(flags_ref.at[row * num_hb + hb], nonzero, mask=flagged)
-                stored = stored & (nonzero != 0)
+                stored = stored & ((nonzero != 0) | ~flagged)  # a run without flags: its fold reads every partial
             plgpu.store(partials_ref.at[row, row_block], _to_scratch(acc, gw, partials_ref.dtype), mask=live_h & stored)
 
             if feature:  # the sort path's plan lists its long runs
@@ -700,7 +705,9 @@ def _partials_kernel(
                         plgpu.debug_barrier()  # every thread's part of the partial is stored before the release
                     plgpu.atomic_add(arrivals_ref, run_start, jnp.int32(1))
 
-        def add_row(pos_t, take, acc):  # acc after the row at position pos_t, if take
+        def add_row(pos_t, take, acc):  # acc after the row at position pos_t, if take (and, masked, not masked)
+            if masked:  # (pos_t is a position in [0, n) even where not taken)
+                take = take & (masked_ref[pos_t] == 0)
             g = plgpu.load(grad_ref.at[pos_t, row_block], mask=live_h & take, other=0)
             return acc + g.astype(jnp.float32)  # acc is never -0, so adding +0 for a row not taken leaves it
 
@@ -1189,7 +1196,7 @@ def _varying(x) -> frozenset:
     return _axes(mat if mat is not None else getattr(aval, "vma", None))
 
 
-def _mesh_axes(ids, grad, main_grad) -> tuple:
+def _mesh_axes(ids, grad, main_grad, masked=None) -> tuple:
     """cfg.vary for main_grad; raises ValueError if ids or grad vary over a mesh axis that main_grad does not.
 
     Inside jax.shard_map (with check_vma, its default) a pallas_call must say which manual mesh
@@ -1198,7 +1205,7 @@ def _mesh_axes(ids, grad, main_grad) -> tuple:
     differs across an axis where main_grad is one replicated value would make that value differ
     across the axis, which shard_map's types forbid: the caller must say so (jax.lax.pcast).
     """
-    extra = (_varying(ids) | _varying(grad)) - _varying(main_grad)
+    extra = (_varying(ids) | _varying(grad) | (frozenset() if masked is None else _varying(masked))) - _varying(main_grad)
     if extra:
         raise ValueError(f"main_grad must vary over every mesh axis that ids and grad vary over inside jax.shard_map: "
                          f"they vary over {sorted(extra)}, main_grad does not (make it varying, e.g. jax.lax.pcast(main_grad, "
@@ -1221,17 +1228,18 @@ def _plan_shapes(n: int, cfg: _Config):
     ]
 
 
-def _merge_rows_ahead_kernel(block_keys_ref, block_pos_ref, counts_in_ref, ids_ref, grad_ref, main_grad_in_ref, sorted_keys_ref,
-                             sorted_pos_ref, run_start_ref, run_end_ref, counts_ref, records_ref, long_runs_ref, arrivals_ref,
-                             main_grad_ref, sink_ref, *, merge_programs: int, tokens: int, per: int, hidden: int, block_h: int,
-                             num_embeddings: int, padding_idx: int, **merge):
+def _merge_rows_ahead_kernel(block_keys_ref, block_pos_ref, counts_in_ref, ids_ref, grad_ref, masked_ref, main_grad_in_ref,
+                             sorted_keys_ref, sorted_pos_ref, run_start_ref, run_end_ref, counts_ref, records_ref, long_runs_ref,
+                             arrivals_ref, main_grad_ref, sink_ref, *, merge_programs: int, tokens: int, per: int, hidden: int,
+                             block_h: int, num_embeddings: int, padding_idx: int, masked: bool, **merge):
     """Merge sort with ROWS_AHEAD: _merge_rank_kernel's programs, then programs that read the (position, H block) pieces of
     grad and of main_grad at the position's id for positions [0, tokens), per pieces each, with L2 priority evict_last, while
     the merge runs (DRAM idles during the plan; XLA gives no PDL to let the partials kernel's programs prefetch them then, as
     the torch twin's do). main_grad passes through (aliased) and is only read.
 
     The values are kept alive by a store into sink_ref (never read) under a mask that depends on them (a load whose value
-    is unused is dropped)."""
+    is unused is dropped). With masked (int8 [n], else any array, unread), masked positions' grad rows are not read.
+    """
     del main_grad_in_ref
     q = pl.program_id(0)
 
@@ -1253,16 +1261,17 @@ def _merge_rows_ahead_kernel(block_keys_ref, block_pos_ref, counts_in_ref, ids_r
             live_h = (h0 + cols < hidden) & take
             key = _keys(plgpu.load(ids_ref.at[pos]), num_embeddings, padding_idx)
             keep = live_h & (key >= 0)
-            g = plgpu.load(grad_ref.at[pos, pl.ds(h0, block_h)], mask=live_h, other=0, eviction_policy="evict_last")
+            read = live_h & (masked_ref[pos] == 0) if masked else live_h
+            g = plgpu.load(grad_ref.at[pos, pl.ds(h0, block_h)], mask=read, other=0, eviction_policy="evict_last")
             m = plgpu.load(main_grad_ref.at[jnp.maximum(key, 0), pl.ds(h0, block_h)], mask=keep, other=0,
                            eviction_policy="evict_last")
             acc = acc + g.astype(jnp.float32) + m.astype(jnp.float32)
         plgpu.store(sink_ref.at[pl.ds(0, block_h)], acc, mask=acc == 1.0e-30)
 
 
-def _merge_sort(ids, grad, main_grad, problem: Problem, cfg: _Config):
+def _merge_sort(ids, grad, main_grad, masked, problem: Problem, cfg: _Config):
     """Stages 1 and 2 by the merge-rank sort: (sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals,
-    main_grad); main_grad is passed through (aliased), its rows read ahead with cfg.rows_ahead."""
+    main_grad); main_grad is passed through (aliased), its rows read ahead with cfg.rows_ahead (but masked's, int8 [n] or None)."""
     n = problem.num_tokens
     slots = _sds(cfg, (n,), jnp.int32)
     block_keys, block_pos, counts = _call(
@@ -1290,7 +1299,7 @@ def _merge_sort(ids, grad, main_grad, problem: Problem, cfg: _Config):
             out_shape=[slots, slots, slots, slots, *_plan_shapes(n, cfg), _sds(cfg, main_grad.shape, main_grad.dtype),
                        _sds(cfg, (cfg.block_h,), jnp.float32)],
             grid=(merge_programs + extra,),
-            input_output_aliases={2: 4, 5: 8},
+            input_output_aliases={2: 4, 6: 8},
             name="embwgrad_merge_rank",
             merge_programs=merge_programs,
             tokens=tokens,
@@ -1299,8 +1308,9 @@ def _merge_sort(ids, grad, main_grad, problem: Problem, cfg: _Config):
             block_h=cfg.block_h,
             num_embeddings=problem.num_embeddings,
             padding_idx=problem.padding_idx,
+            masked=masked is not None,
             **merge,
-        )(block_keys, block_pos, counts, ids, grad, main_grad)[:-1]
+        )(block_keys, block_pos, counts, ids, grad, ids if masked is None else masked, main_grad)[:-1]
     return (*_call(
         _merge_rank_kernel,
         cfg,
@@ -1371,9 +1381,9 @@ def _runs(sorted_keys, sorted_pos, problem: Problem, cfg: _Config):
     )(sorted_keys, sorted_pos, _vary_as(jnp.zeros((COUNTS,), jnp.int32), cfg))
 
 
-def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, problem: Problem, cfg: _Config):
+def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, problem: Problem, cfg: _Config, masked=None):
     """Stage 3: sum every partial, finish runs of one partial; feature path: list the long runs;
-    sort path with folding programs: fold them too.
+    sort path with folding programs: fold them too. masked (int8 [n] or None): those positions' rows are taken as +0, not read.
 
     plan is (sorted_keys, sorted_pos, partial_ord or None, run_start, run_end). Returns
     (main_grad, partials, long_runs, counts, arrivals, flags), all but partials and flags aliased to the inputs.
@@ -1382,7 +1392,8 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
     n, hidden = problem.num_tokens, problem.hidden
     feature = cfg.path == FEATURE
     kernel = _partials_kernel if feature else functools.partial(_partials_kernel, None)
-    inputs = [partial_ord] * feature + [sorted_keys, sorted_pos, run_start, records, grad, main_grad, counts, long_runs, arrivals]
+    inputs = [partial_ord] * feature + [sorted_keys, sorted_pos, run_start, records, grad, sorted_pos if masked is None else masked,
+                                        main_grad, counts, long_runs, arrivals]
     items = n * pl.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
     folders = cfg.fold_programs  # 0 on the feature path (_config)
     programs = items if feature else min(items, cfg.partial_programs) + folders
@@ -1423,6 +1434,7 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
         skip_min=cfg.zero_skip,
         skip_block=cfg.skip_block,
         plan_policy="evict_last" if cfg.plan_evict_last and cfg.sort == MERGE else None,
+        masked=masked is not None,
     )(*inputs)
 
 
@@ -1449,12 +1461,12 @@ def _long_runs(long_runs, counts, sorted_keys, partials, flags, main_grad, probl
     )(long_runs, counts, sorted_keys, partials, flags, main_grad)
 
 
-def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config) -> _Stages:
-    """All stages on ids [n] (flattened) and grad [n, H] into main_grad [V, H] (aliased)."""
+def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config, masked=None) -> _Stages:
+    """All stages on ids [n] (flattened) and grad [n, H] into main_grad [V, H] (aliased); masked: int8 [n] or None."""
     partial_ord = None
     if cfg.sort == MERGE:
         sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals, main_grad = _merge_sort(ids, grad, main_grad,
-                                                                                                                   problem, cfg)
+                                                                                                                   masked, problem, cfg)
     elif cfg.path == FEATURE:  # _rank_kernel makes the whole plan
         sorted_keys, sorted_pos, partial_ord, run_start, run_end, counts, records, long_runs, arrivals = _sort(ids, problem, cfg)
     else:
@@ -1462,7 +1474,7 @@ def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config) -> _Stages
         run_start, run_end, counts, records, long_runs, arrivals = _runs(sorted_keys, sorted_pos, problem, cfg)
     plan = (sorted_keys, sorted_pos, partial_ord, run_start, run_end)
     main_grad, partials, long_runs, counts, arrivals, flags = _partials(plan, records, counts, long_runs, arrivals, grad, main_grad,
-                                                                       problem, cfg)
+                                                                       problem, cfg, masked)
     if cfg.fold_programs == 0:  # else the partials kernel folded the long runs (never on the feature path)
         main_grad = _long_runs(long_runs, counts, sorted_keys, partials, flags, main_grad, problem, cfg)
     if cfg.path == FEATURE:
@@ -1493,27 +1505,50 @@ def _check(ids, grad, main_grad, padding_idx) -> Problem:
     return problem
 
 
-def _accumulate_impl(ids, grad, main_grad, *, padding_idx=None, zero_rows=False, path=None, overrides=()):
+def _check_masked(masked, ids) -> None:
+    if not (hasattr(masked, "shape") and hasattr(masked, "dtype")):
+        raise TypeError(f"masked must be a jax.Array or None, got {type(masked).__name__}")
+    check_masked(masked_shape=tuple(masked.shape), masked_is_bool=masked.dtype == jnp.bool_, masked_dtype=masked.dtype,
+                 ids_shape=tuple(ids.shape))
+
+
+def _accumulate_impl(ids, grad, main_grad, masked=None, *, padding_idx=None, zero_rows=False, path=None, overrides=()):
     """accumulate with knobs for tests: the arithmetic forced to path ("feature" or "sort"; None:
     PyTorch's choice), _Config fields forced by overrides ((field, value), ...)."""
     problem = _check(ids, grad, main_grad, padding_idx)
     if not isinstance(zero_rows, bool):
         raise TypeError(f"zero_rows must be a bool, got {type(zero_rows).__name__}")
+    if masked is not None:
+        _check_masked(masked, ids)
     n, hidden = problem.num_tokens, problem.hidden
     if n == 0 or hidden == 0:
         return main_grad
     padding = None if problem.padding_idx < 0 else problem.padding_idx
     ids, grad = ids.reshape(n), grad.reshape(n, hidden)
+    zero_rows = zero_rows or masked is not None
+    operands = (ids, grad, main_grad) if masked is None else (ids, grad, main_grad, masked.reshape(n).astype(jnp.int8))
     if _explicit_axes(main_grad):
-        return _in_explicit_mesh(ids, grad, main_grad, padding, zero_rows, path, overrides)
-    return _partitioned(ids, grad, main_grad, padding, zero_rows, path, overrides, _mesh_axes(ids, grad, main_grad))
+        return _in_explicit_mesh(operands, padding, zero_rows, path, overrides)
+    partitioned = _partitioned if masked is None else _partitioned_masked
+    return partitioned(*operands, padding, zero_rows, path, overrides, _mesh_axes(*operands))
 
 
-def _stages(ids, grad, main_grad, padding_idx, zero_rows, path, overrides, vary):
-    """main_grad with the rows of ids [n] added from grad [n, H]: every stage, on this main_grad (all of it, or a device's shard)."""
+def _stages(ids, grad, main_grad, padding_idx, zero_rows, path, overrides, vary, masked=None):
+    """main_grad with the rows of ids [n] added from grad [n, H] (but masked's, int8 [n] or None): every stage, on this
+    main_grad (all of it, or a device's shard)."""
     problem = _check(ids, grad, main_grad, padding_idx)
     cfg = _config(problem, torch_path(problem.num_tokens) if path is None else path, overrides, zero_rows=zero_rows)
-    return _run_stages(ids, grad, main_grad, problem, dataclasses.replace(cfg, vary=vary)).main_grad
+    return _run_stages(ids, grad, main_grad, problem, dataclasses.replace(cfg, vary=vary), masked).main_grad
+
+
+def _stages_unmasked(ids, grad, main_grad, padding_idx, zero_rows, path, overrides, vary):
+    """_stages without masked, for custom_partitioning (whose operands are every argument not static)."""
+    return _stages(ids, grad, main_grad, padding_idx, zero_rows, path, overrides, vary)
+
+
+def _stages_masked(ids, grad, main_grad, masked, padding_idx, zero_rows, path, overrides, vary):
+    """_stages with masked (int8 [n]) as a fourth operand, for custom_partitioning."""
+    return _stages(ids, grad, main_grad, padding_idx, zero_rows, path, overrides, vary, masked)
 
 
 # ----------------------------------------------------------------------------- under jax.jit with sharded arrays
@@ -1526,7 +1561,8 @@ def _stages(ids, grad, main_grad, padding_idx, zero_rows, path, overrides, vary)
 # - ids and grad are gathered over their token dimension (a call under jit adds every token,
 #   as on one device), and grad is split over the columns as main_grad is;
 # - a device whose shard holds rows [r0, r0 + V_local) passes ids - r0, with the ids outside
-#   its rows (padding_idx's too) made -1, so they add nothing there. A row's run, its partials
+#   its rows (padding_idx's too) made -1, so they add nothing there (masked, where given, is
+#   gathered as ids are). A row's run, its partials
 #   and, on the feature path, its chunk positions depend only on the positions of its own
 #   tokens and on n, which every device keeps: each shard gets the bits of its rows in the
 #   call on one device, and columns are summed independently.
@@ -1560,7 +1596,7 @@ def _split(mesh, sharding) -> tuple:
     return rows, PartitionSpec(), PartitionSpec(None, _spec(cols)), PartitionSpec(_spec(rows), _spec(cols))
 
 
-def _shard_stages(ids, grad, main_grad, rows: tuple, padding_idx, zero_rows, path, overrides, vary):
+def _shard_stages(ids, grad, main_grad, masked=None, *, rows: tuple, padding_idx, zero_rows, path, overrides, vary):
     """_stages on this device's shard of main_grad, split by rows over the mesh axes `rows` (maybe none)."""
     if rows:  # this device's rows of main_grad start at r0
         local = main_grad.shape[0]
@@ -1569,26 +1605,28 @@ def _shard_stages(ids, grad, main_grad, rows: tuple, padding_idx, zero_rows, pat
         if padding_idx is not None:
             keep &= ids != padding_idx
         ids, padding_idx = jnp.where(keep, ids - r0, -1).astype(ids.dtype), None
-    return _stages(ids, grad, main_grad, padding_idx, zero_rows, path, overrides, vary)
+    return _stages(ids, grad, main_grad, padding_idx, zero_rows, path, overrides, vary, masked)
 
 
 def _partition(padding_idx, zero_rows, path, overrides, vary, mesh, arg_shapes, result_shape):
+    """(ids, grad, main_grad[, masked]): masked, where given, split as ids."""
     rows, *specs = _split(mesh, arg_shapes[2].sharding)
-
-    def lower_fn(ids, grad, main_grad):
-        return _shard_stages(ids, grad, main_grad, rows, padding_idx, zero_rows, path, overrides, vary)
-
+    lower_fn = functools.partial(_shard_stages, rows=rows, padding_idx=padding_idx, zero_rows=zero_rows, path=path, overrides=overrides,
+                                 vary=vary)
     ids, grad, main = (NamedSharding(mesh, spec) for spec in specs)
-    return mesh, lower_fn, main, (ids, grad, main)
+    return mesh, lower_fn, main, (ids, grad, main, ids)[: len(arg_shapes)]
 
 
 def _infer_sharding(padding_idx, zero_rows, path, overrides, vary, mesh, arg_shapes, result_shape):
     return NamedSharding(mesh, _split(mesh, arg_shapes[2].sharding)[3])
 
 
-_partitioned = custom_partitioning(_stages, static_argnums=(3, 4, 5, 6, 7))
+_partitioned = custom_partitioning(_stages_unmasked, static_argnums=(3, 4, 5, 6, 7))
 _partitioned.def_partition(partition=_partition, infer_sharding_from_operands=_infer_sharding,
                            sharding_rule="n, n h, v h -> v h", need_replication_factors=("n",))
+_partitioned_masked = custom_partitioning(_stages_masked, static_argnums=(4, 5, 6, 7, 8))
+_partitioned_masked.def_partition(partition=_partition, infer_sharding_from_operands=_infer_sharding,
+                                  sharding_rule="n, n h, v h, n -> v h", need_replication_factors=("n",))
 
 
 # Under jax.set_mesh with Explicit axes, arrays carry their shardings in their types and a
@@ -1606,16 +1644,17 @@ def _explicit_axes(x) -> tuple:
     return tuple(name for name, kind in zip(mesh.axis_names, getattr(mesh, "axis_types", ())) if kind == explicit)
 
 
-def _in_explicit_mesh(ids, grad, main_grad, padding_idx, zero_rows, path, overrides):
-    sharding = jax.typeof(main_grad).sharding
+def _in_explicit_mesh(operands, padding_idx, zero_rows, path, overrides):
+    """operands: (ids, grad, main_grad[, masked]); masked, where given, resharded as ids."""
+    sharding = jax.typeof(operands[2]).sharding
     rows, ids_spec, grad_spec, main_spec = _split(sharding.mesh, sharding)
-    ids, grad = jax.sharding.reshard(ids, ids_spec), jax.sharding.reshard(grad, grad_spec)
+    specs = (ids_spec, grad_spec, main_spec, ids_spec)[: len(operands)]
+    operands = [x if i == 2 else jax.sharding.reshard(x, spec) for i, (x, spec) in enumerate(zip(operands, specs))]  # main_grad stays
     body = functools.partial(_shard_stages, rows=rows, padding_idx=padding_idx, zero_rows=zero_rows, path=path,
                              overrides=overrides, vary=())
     # check_vma off: the body's outputs vary as main_grad does by construction (in Pallas interpret
     # mode jax 0.10.2 fails its own check, as tests/test_jax_frontend.py's shard_map tests note).
-    return jax.shard_map(body, mesh=sharding.mesh, in_specs=(ids_spec, grad_spec, main_spec), out_specs=main_spec,
-                         check_vma=False)(ids, grad, main_grad)
+    return jax.shard_map(body, mesh=sharding.mesh, in_specs=specs, out_specs=main_spec, check_vma=False)(*operands)
 
 
 _JIT = dict(static_argnames=("padding_idx", "zero_rows", "path", "overrides"), donate_argnames=("main_grad",))
@@ -1630,7 +1669,7 @@ _accumulate_alone = jax.jit(_accumulate_impl, **_JIT, compiler_options={"xla_gpu
 
 
 def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding_idx: int | None = None,
-               zero_rows: bool = False) -> jax.Array:
+               zero_rows: bool = False, masked: jax.Array | None = None) -> jax.Array:
     """main_grad + embedding_dense_backward(grad, ids), with PyTorch CUDA's bits; main_grad is donated.
 
     Args:
@@ -1644,6 +1683,11 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
             (each device's tokens of other shards looked up as id 0, their grad rows zeroed): the
             partial sums of ten zero rows are then neither stored nor folded (as the torch
             frontend's; benchmarks/NOTES.md v29). Only the speed changes: the bits are the same.
+        masked: bool [*S] or None: tokens whose grad rows are taken as +0 and never read, as a
+            vocab-parallel lookup zeroes the rows of the tokens of other shards (pass its mask,
+            with the shard-local ids). The bits are the dense path's on grad with those rows
+            zeroed, so, where they are +0 or -0 already, the dense path's on grad itself; the
+            torch frontend's bits with the same masked. Implies zero_rows=True.
 
     Returns:
         The new main_grad [V, H]. Only the rows of ids are read and written: rows of ids that
@@ -1664,5 +1708,5 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
     Raises TypeError or ValueError, naming the argument, while tracing: main_grad is then
     neither donated nor changed. n == 0 or H == 0 returns main_grad unchanged.
     """
-    traced = any(isinstance(a, jax.core.Tracer) for a in (ids, grad, main_grad))
-    return (_accumulate if traced else _accumulate_alone)(ids, grad, main_grad, padding_idx=padding_idx, zero_rows=zero_rows)
+    traced = any(isinstance(a, jax.core.Tracer) for a in (ids, grad, main_grad, masked))
+    return (_accumulate if traced else _accumulate_alone)(ids, grad, main_grad, masked, padding_idx=padding_idx, zero_rows=zero_rows)

@@ -64,13 +64,15 @@ def variants():
     scratches += [(True, g, m, "i16") for g, m in itertools.product(DTYPES, DTYPES) if DTYPES[g] == "bf16"]
     # The sort path with and without accumulate's zero_rows (flags, _Config.zero_skip); with them
     # only for bf16 grads into fp32 main_grad: the flags' code does not depend on the dtypes.
-    runs = [(f, g, m, sc, 0) for f, g, m, sc in scratches]
-    runs += [(False, 1, 0, "fp32", ew.ZERO_SKIP_MIN_PARTIALS)]  # (DTYPES codes: bf16 grad, fp32 main_grad)
-    for feature, grad, main, scratch, skip_min in runs:
+    # And accumulate's masked (MASKED, which implies zero_rows on the sort path) on both paths.
+    runs = [(f, g, m, sc, 0, False) for f, g, m, sc in scratches]
+    runs += [(False, 1, 0, "fp32", ew.ZERO_SKIP_MIN_PARTIALS, False)]  # (DTYPES codes: bf16 grad, fp32 main_grad)
+    runs += [(False, 1, 0, "fp32", ew.ZERO_SKIP_MIN_PARTIALS, True), (True, 1, 0, "i16", 0, True)]
+    for feature, grad, main, scratch, skip_min, masked in runs:
         span = CHUNK if feature else NROWS
         common = {"PDL": True, "FEATURE_PATH": feature, "SPAN": span, "GRAD_ROUNDING": grad, "MAIN_ROUNDING": main}
         skip = {"SKIP_MIN": skip_min, "SKIP_BLOCK": ew.ZERO_SKIP_BLOCK}
-        tag = f"feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]} scratch={scratch}" + (" zero_rows" if skip_min else "")
+        tag = f"feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]} scratch={scratch}" + (" zero_rows" if skip_min else "") + (" masked" if masked else "")
         types = {"grad_ptr": "*" + DTYPES[grad], "main_grad_ptr": "*" + DTYPES[main], "partials_ptr": "*" + scratch, "ids_ptr": "*i64"}
         types.update({k: "i64" for k in ("grad_stride0", "grad_stride1", "grad_stride_h", "main_grad_stride")})
         yield (
@@ -79,7 +81,8 @@ def variants():
             types,
             {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT, "FOLD_H": 256, "FOLD_BATCH": 16,
              "PREFETCH_L2": not feature, "LONE": not feature, "SCRATCH_POLICY": "" if feature else "evict_last", "FOLD_STAGES": 0, **skip,
-             "PLAN_POLICY": "" if feature or not ew.PLAN_EVICT_LAST else "evict_last", "PREFETCH_EVICT_LAST": 0 if feature else ew.PREFETCH_EVICT_LAST},
+             "PLAN_POLICY": "" if feature or not ew.PLAN_EVICT_LAST else "evict_last", "PREFETCH_EVICT_LAST": 0 if feature else ew.PREFETCH_EVICT_LAST,
+             "MASKED": masked},
         )
         yield (
             f"long_runs {tag}",

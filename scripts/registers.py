@@ -50,6 +50,7 @@ def defaults() -> dict:
         "SKIP_MIN": 0, "SKIP_BLOCK": ew.ZERO_SKIP_BLOCK,  # zero_rows=False (accumulate's default)
         "PLAN_POLICY": "evict_last" if ew.PLAN_EVICT_LAST else "",  # merge sort (n <= MERGE_SORT_MAX_TOKENS)
         "PREFETCH_EVICT_LAST": ew.PREFETCH_EVICT_LAST,  # merge sort with PDL (PREFETCH_L2)
+        "MASKED": False,  # masked=None (accumulate's default)
     }
 
 

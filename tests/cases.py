@@ -167,6 +167,20 @@ def masked_arrays(grad_dtype: str = "bfloat16"):
     return ids, grad.astype(numpy_dtype(grad_dtype)), main_grad
 
 
+def masked_tokens(grad_dtype: str = "bfloat16"):
+    """(ids, grad, main_grad, masked) for accumulate's masked: masked_arrays' input, its zero rows at
+    row 0 masked as Megatron's `input_mask` marks them (not row 0's two real tokens), and also 3
+    tokens of id 7 and 4 other tokens, whose rows are nonzero; every masked row is NaN, so that a
+    read of one would show. The expected bits are the reference's with masked."""
+    ids, grad, main_grad = masked_arrays("float32")
+    masked = ids == 0
+    masked[np.flatnonzero(ids == 0)[[5, 55]]] = False
+    masked[np.flatnonzero(ids == 7)[[0, 20, 44]]] = True
+    masked[np.flatnonzero((ids != 0) & (ids != 7))[[3, 50, 51, 120]]] = True
+    grad[masked] = np.nan
+    return ids, grad.astype(numpy_dtype(grad_dtype)), main_grad, masked
+
+
 def assert_masked_flags(flags, partials, ids, grad, zero_skip: int, skip_block: int, block_h: int = 16) -> None:
     """A frontend's zero-skip flags ([partial rows, H blocks]) and scratch partials for masked_arrays'
     input: each flagged partial's flag per H block of block_h columns says whether the reference's
@@ -224,6 +238,13 @@ def gpu_cases() -> list[Case]:
         local, zeros, shard = tp_ids(n, 8)
         zeros = zeros[np.arange(zeros.size) % 997 != 500]
         cases.append(Case(f"megatron-tp8-{n}", local, 1024, shard, seed=n, zero_positions=zeros))
+    # zero_rows with a run of zero rows too short for flags (600 padding tokens: 60 partials, below
+    # ZERO_SKIP_MIN_PARTIALS): each of its zero partials must be stored, since its folds read them
+    # all (NOTES v49: they were not, and the folds read stale scratch).
+    ids = zipf_ids(4096, 20000, seed=15)
+    pads = np.random.default_rng(15).choice(4096, size=600, replace=False)
+    ids[pads] = 20000 - 1
+    cases.append(Case("zero-run-below-skip-4096", ids, 1024, 20000, seed=15, zero_positions=pads))
     cases += [
         Case("feature-padding-3000", zipf_ids(3000, 500, seed=5), 256, 500, padding_idx=0, seed=5),
         # NaN, inf, -0 and subnormal grads through the feature path's bf16 scratch (from BF16_SCRATCH_MIN_TOKENS).

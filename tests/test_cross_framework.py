@@ -6,6 +6,7 @@ TRITON_INTERPRET=1 when torch sees no CUDA device) and through Pallas interpret 
 through both sets of kernels, compared on the device.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -53,4 +54,24 @@ def test_gpu_same_bits(case: Case):
     torch_frontend.accumulate(to_torch(ids), to_torch(grad), main_grad, padding_idx=case.padding_idx)
     out = jax_frontend.accumulate(to_jax(ids), to_jax(grad), main_grad_jax, padding_idx=case.padding_idx)
     torch.cuda.synchronize()
+    assert_rows_equal_on_device(out, jax.dlpack.from_dlpack(main_grad), what="jax vs torch")
+
+
+@requires_gpus
+@pytest.mark.parametrize("case", [c for c in gpu_cases() if c.zero_positions is not None], ids=lambda c: c.name)
+def test_gpu_masked_same_bits(case: Case):
+    """masked on the GPU cases with zero rows (Megatron's input_mask, and the padding run below the
+    zero skip): the masked rows NaN, so that a read shows; JAX's bits are torch's, which
+    test_torch_frontend's test_gpu_masked_megatron_bitwise checks against the dense path."""
+    ids, grad = case.ids_and_grad()
+    masked = np.zeros(case.num_tokens, bool)
+    masked[case.zero_positions] = True
+    grad = np.where(masked[:, None], np.asarray(np.nan, grad.dtype), grad)
+    gen = torch.Generator(device="cuda").manual_seed(case.seed)
+    main_grad = torch.randn(case.num_embeddings, case.hidden, device="cuda", generator=gen).to(TORCH_DTYPES[case.main_grad_dtype])
+    main_grad_jax = jnp.array(jax.dlpack.from_dlpack(main_grad), copy=True)
+    torch_frontend.accumulate(to_torch(ids), to_torch(grad), main_grad, masked=to_torch(masked))
+    out = jax_frontend.accumulate(to_jax(ids), to_jax(grad), main_grad_jax, masked=to_jax(masked))
+    torch.cuda.synchronize()
+    assert not bool(torch.isnan(main_grad).any())
     assert_rows_equal_on_device(out, jax.dlpack.from_dlpack(main_grad), what="jax vs torch")

@@ -30,7 +30,7 @@ import jax_frontend
 from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, FOLD_ROLE_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
 from embwgrad_core.dtypes import numpy_dtype
 from jax_frontend import embedding_wgrad as ew
-from tests.cases import Case, assert_bits_equal, assert_masked_flags, assert_partials_equal, cpu_cases, gpu_cases, masked_arrays, runs_ids, zipf_ids
+from tests.cases import Case, assert_bits_equal, assert_masked_flags, assert_partials_equal, cpu_cases, gpu_cases, masked_arrays, masked_tokens, runs_ids, zipf_ids
 
 ON_GPU = jax.default_backend() == "gpu"
 requires_gpu = pytest.mark.skipif(not ON_GPU, reason="needs jax with a GPU backend")
@@ -289,21 +289,63 @@ ZERO_SKIP_ROUTES = {
 }
 
 
+@pytest.mark.parametrize("zero_skip", [2, 17])
 @pytest.mark.parametrize("route", ZERO_SKIP_ROUTES)
-def test_zero_partials_skipped_bitwise(route):
+def test_zero_partials_skipped_bitwise(route, zero_skip):
     """Megatron's vocab-parallel input (tests.cases.masked_arrays): the flags say which long-run
     partials are nonzero in each H block, and main_grad gets the reference's bits though the zero
-    partials are neither stored nor loaded."""
+    partials are neither stored nor loaded. With zero_skip 17, row 0's 16 partials (most of them
+    all +0) have no flags, so their folds read every partial: each must be stored, zero or not
+    (Pallas leaves the scratch outputs unwritten, NaN in interpret mode; NOTES v49)."""
     ids, grad, main_grad = masked_arrays()
     ids_j, grad_j, main_j = to_jax(ids), to_jax(grad), to_jax(main_grad)
     problem = ew._check(ids_j, grad_j, main_j, None)
-    # (interpret mode's zero skip, on the GPU too: runs of 2 partials or more, 4 flags a block)
-    overrides = ZERO_SKIP_ROUTES[route] + (("block_h", 16), ("fold_h", 8), ("long_block_h", 8), ("zero_skip", 2), ("skip_block", 4))
+    # (2: interpret mode's zero skip, on the GPU too: runs of 2 partials or more, 4 flags a block)
+    overrides = ZERO_SKIP_ROUTES[route] + (("block_h", 16), ("fold_h", 8), ("long_block_h", 8), ("zero_skip", zero_skip), ("skip_block", 4))
     cfg = ew._config(problem, SORT, overrides, zero_rows=True)
     stages = _stages(ids_j, grad_j, main_j, problem, cfg)
     assert_bits_equal(np.asarray(stages.main_grad), reference.accumulate(ids, grad, main_grad, path=SORT))
-    flags = np.asarray(stages.flags).reshape(-1, 3)
-    assert_masked_flags(flags, np.asarray(stages.partials), ids, grad, cfg.zero_skip, cfg.skip_block, cfg.block_h)
+    if zero_skip == 2:
+        flags = np.asarray(stages.flags).reshape(-1, 3)
+        assert_masked_flags(flags, np.asarray(stages.partials), ids, grad, cfg.zero_skip, cfg.skip_block, cfg.block_h)
+
+
+#: Every kernel that reads grad rows, for masked (as the torch twin's): the feature path, the merge
+#: sort with its rows-ahead programs, a lax sort with the rows in a loop, the long-run kernel
+#: folding, and folding programs with the rows unrolled.
+MASKED_ROUTES = {
+    "feature": (FEATURE, (("block_h", 16),)),
+    "merge-rows-ahead": (SORT, (("sort", ew.MERGE), ("rows_ahead", 10**6), ("rows_ahead_per", 2))),
+    "packed-rows-in-a-loop": (SORT, (("sort", ew.PACKED), ("unroll", False))),
+    "merge-fold-kernel": (SORT, (("sort", ew.MERGE), ("fold_programs", 0))),
+    "merge-folders-unrolled": (SORT, (("sort", ew.MERGE), ("fold_programs", 2), ("unroll", True))),
+}
+#: (the zero skip's flags are per H block of the partials: the folds' blocks must not be wider)
+_SMALL_BLOCKS = (("block_h", 16), ("fold_h", 8), ("long_block_h", 8))
+
+
+@pytest.mark.parametrize("route", MASKED_ROUTES)
+def test_masked_rows_are_not_read(route):
+    """accumulate's masked: the masked tokens' rows (NaN here) are never read, and main_grad gets the
+    reference's bits with those rows taken as +0; the masked tokens' ids still count (row 0's
+    partials, id 7's run, lone ids whose row gets +0)."""
+    path, overrides = MASKED_ROUTES[route]
+    overrides = overrides if path == FEATURE else overrides + _SMALL_BLOCKS
+    ids, grad, main_grad, masked = masked_tokens()
+    expected = reference.accumulate(ids, grad, main_grad, path=path, masked=masked)
+    assert not np.isnan(expected).any()
+    out = ew._accumulate(to_jax(ids), to_jax(grad), to_jax(main_grad), to_jax(masked), path=path, overrides=overrides)
+    assert_bits_equal(np.asarray(out), expected)
+
+
+def test_masked_gives_megatrons_bits():
+    """Public accumulate on Megatron's input (masked_arrays: zero rows at row 0, +0 and -0): masked
+    marking exactly those rows gives the bits of the call without it, i.e. of the dense path."""
+    ids, grad, main_grad = masked_arrays()
+    masked = (ids == 0) & ~np.isin(np.arange(ids.size), np.flatnonzero(ids == 0)[[5, 55]])
+    out = jax_frontend.accumulate(to_jax(ids.reshape(4, 80)), to_jax(grad.reshape(4, 80, -1)), to_jax(main_grad),
+                                  masked=to_jax(masked.reshape(4, 80)))
+    assert_bits_equal(np.asarray(out), reference.accumulate(ids, grad, main_grad))
 
 
 @pytest.mark.parametrize("programs, folders, tail", [(8, 0, 3), (8, 2, 3), (40, 4, 17), (5, 0, 4), (12, 3, 0)])
@@ -356,6 +398,29 @@ def test_bad_input_raises_and_leaves_main_grad(change, error, name):
     with pytest.raises(error, match=name):
         jax_frontend.accumulate(ids, grad, main_grad)
     assert not main_grad.is_deleted()  # raised while tracing: nothing donated
+    assert_bits_equal(np.asarray(main_grad), before)
+
+
+@pytest.mark.parametrize(
+    "masked, error",
+    [
+        (lambda i: i > 1, None),
+        (lambda i: (i > 1).astype(jnp.int8), TypeError),
+        (lambda i: (i > 1)[:2], ValueError),
+        (lambda i: (i > 1).reshape(3, 1), ValueError),
+        (lambda i: [True, False, True], TypeError),
+    ],
+)
+def test_bad_masked_raises_and_leaves_main_grad(masked, error):
+    ids, grad, main_grad = _good()
+    before = np.asarray(main_grad)
+    if error is None:  # the good one, for contrast: it adds the rows of ids 2 (masked: +0) and 1
+        expected = reference.accumulate(np.asarray(ids), np.asarray(grad), before, masked=np.asarray(masked(ids)))
+        assert_bits_equal(np.asarray(jax_frontend.accumulate(ids, grad, main_grad, masked=masked(ids))), expected)
+        return
+    with pytest.raises(error, match="masked"):
+        jax_frontend.accumulate(ids, grad, main_grad, masked=masked(ids))
+    assert not main_grad.is_deleted()
     assert_bits_equal(np.asarray(main_grad), before)
 
 
@@ -688,6 +753,23 @@ def test_under_jit_each_device_adds_into_its_own_shard(axes, sharding, route):
     assert out.sharding.is_equivalent_to(args[2].sharding, 2)
     if ON_GPU:  # the kernels write main_grad in place (on CPU the interpreter's copies decide)
         assert {s.device: s.data.unsafe_buffer_pointer() for s in out.addressable_shards} == pointers
+    assert_bits_equal(np.asarray(out), expected)
+
+
+@TWO_DEVICES
+@pytest.mark.parametrize("axes", ["auto", "explicit"])
+def test_masked_under_jit_with_main_grad_split_by_rows(axes):
+    """masked, split over tokens as ids and grad are, under jax.jit with main_grad split by rows over
+    two devices: gathered as ids (the rule's fourth operand), and the bits of one call on one device."""
+    mesh, context = _two_device_mesh(axes == "explicit")
+    ids, grad, main_grad, masked = masked_tokens()
+    expected = reference.accumulate(ids, grad, main_grad, masked=masked)
+    put = lambda a, spec: jax.device_put(to_jax(a), jax.sharding.NamedSharding(mesh, spec))
+    with context:
+        args = (put(ids, P("x")), put(grad, P("x")), put(main_grad, P("x", None)), put(masked, P("x")))
+        step = jax.jit(lambda i, g, m, k: jax_frontend.accumulate(i, g, m, masked=k), donate_argnums=2)
+        out = step(*args)
+    assert out.sharding.is_equivalent_to(args[2].sharding, 2)
     assert_bits_equal(np.asarray(out), expected)
 
 

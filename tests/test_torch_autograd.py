@@ -65,6 +65,27 @@ def test_adds_into_main_grad_over_micro_batches(padding_idx, zero_rows):
     assert weight.grad is None  # without Megatron's flag autograd gets nothing
 
 
+@pytest.mark.parametrize("with_main_grad", [True, False])
+def test_masked_tokens_look_up_zeros(with_main_grad):
+    """masked (Megatron's input_mask): the forward zeroes those output rows, as VocabParallelEmbedding
+    does, and the backward takes their gradient rows as zero without reading them (NaN here)."""
+    ids, weight, grad_out, main_grad = _inputs()
+    masked = ids % 3 == 0
+    theirs = weight.detach().clone().requires_grad_()
+    out = torch_frontend.embedding(ids, weight, masked=masked)
+    ref = F.embedding(ids, theirs).masked_fill(masked[..., None], 0)
+    _assert_same(out, ref, "output")
+    if with_main_grad:
+        weight.main_grad = main_grad.clone()
+    out.backward(grad_out.masked_fill(masked[..., None], float("nan")))
+    zeroed = grad_out.masked_fill(masked[..., None], 0)
+    if with_main_grad:
+        _assert_same(weight.main_grad, _expected(ids, zeroed, main_grad), "main_grad")
+    else:
+        ref.backward(zeroed)
+        _assert_same(weight.grad, theirs.grad, "weight.grad")
+
+
 def test_grad_of_a_transposed_output():
     # Megatron's embedding returns [b, s, H] and transposes it to [s, b, H]: the lookup's grad is a
     # strided view, read in place.

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import torch_frontend
 from embwgrad_core import CHUNK, FEATURE, NROWS, SORT, make_plan, reference, torch_path
-from tests.cases import Case, assert_bits_equal, assert_partials_equal, assert_masked_flags, core_checked_on_gpu, cpu_cases, gpu_cases, masked_arrays, runs_ids
+from tests.cases import Case, assert_bits_equal, assert_partials_equal, assert_masked_flags, core_checked_on_gpu, cpu_cases, gpu_cases, masked_arrays, masked_tokens, runs_ids
 from torch_frontend import embedding_wgrad as ew
 
 HAS_CUDA = torch.cuda.is_available()
@@ -41,6 +41,21 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.numpy()
+
+
+@pytest.fixture(autouse=True)
+def poisoned_scratch(monkeypatch):
+    """Every scratch tensor a stage allocates comes filled with 0xFF bytes (NaN, -1), so that a
+    kernel reading scratch it never wrote shows in the bits (fresh memory is often zeros, which
+    hid such a read: the zero-skip bug of NOTES v49). A replay's own scratch is not poisoned."""
+    empty = ew._Launcher.empty
+
+    def poisoned(self, *shape, dtype, device):
+        t = empty(self, *shape, dtype=dtype, device=device)
+        t.view(torch.uint8).fill_(0xFF)
+        return t
+
+    monkeypatch.setattr(ew._Launcher, "empty", poisoned)
 
 
 def run_kernels(case: Case, ids, grad, main_grad):
@@ -195,23 +210,93 @@ ZERO_SKIP_ROUTES = {
 
 
 @cpu_only
+@pytest.mark.parametrize("zero_skip", [2, 17])
 @pytest.mark.parametrize("route", ZERO_SKIP_ROUTES)
-def test_zero_partials_skipped_bitwise(route):
+def test_zero_partials_skipped_bitwise(route, zero_skip):
     """Megatron's vocab-parallel input (tests.cases.masked_arrays): the flags say which long-run
     partials are nonzero in each H block, and main_grad gets the reference's bits though the zero
-    partials are neither stored nor loaded."""
+    partials are neither stored nor loaded. With zero_skip 17, row 0's 16 partials (most of them
+    all +0) have no flags, so their folds read every partial: each must be stored, zero or not
+    (the scratch poisoned with NaN, poisoned_scratch; NOTES v49)."""
     ids, grad, main_grad = masked_arrays()
     ids_t, grad_t, out = to_torch(ids), to_torch(grad), to_torch(main_grad)
     problem = ew._check(ids_t, grad_t, out, None)
     cfg = dataclasses.replace(ew._config(problem, SORT, True, zero_rows=True), block_h=16, fold_h=8, long_block_h=8, **ZERO_SKIP_ROUTES[route])
-    assert (cfg.zero_skip, cfg.skip_block) == (2, 4)
+    assert (cfg.zero_skip, cfg.skip_block) == (2, 4)  # the interpreter's
+    cfg = dataclasses.replace(cfg, zero_skip=zero_skip)
     plan = ew._plan_stage(ids_t, problem, cfg)
     partials, flags = ew._partials_stage(plan, grad_t, out, problem, cfg)
     if cfg.fold_programs == 0:
         ew._long_runs_stage(plan, partials, flags, out, problem, cfg)
     assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad, path=SORT))
+    if zero_skip == 2:
+        assert_masked_flags(to_numpy(flags), to_numpy(partials), ids, grad, cfg.zero_skip, cfg.skip_block, cfg.block_h)
 
-    assert_masked_flags(to_numpy(flags), to_numpy(partials), ids, grad, cfg.zero_skip, cfg.skip_block, cfg.block_h)
+
+#: Every kernel that reads grad rows, for masked: the feature path; the sort path with its lone
+#: tokens (the interpreter's default: half the positions), without, through torch.sort, and with
+#: the long-run kernel folding.
+MASKED_ROUTES = {
+    "feature": (FEATURE, dict(block_h=16)),
+    "merge-lone": (SORT, dict(block_h=16)),
+    "merge-no-lone": (SORT, dict(block_h=16, lone_tokens=0)),
+    "torch.sort": (SORT, dict(block_h=16, sort="torch", prefetch=False, partial_programs=3)),
+    "merge-fold-kernel": (SORT, dict(block_h=16, fold_h=8, long_block_h=8, fold_programs=0)),
+}
+
+
+@cpu_only
+@pytest.mark.parametrize("route", MASKED_ROUTES)
+def test_masked_rows_are_not_read(route):
+    """accumulate's masked: the masked tokens' rows (NaN here) are never read, and main_grad gets the
+    reference's bits with those rows taken as +0; the masked tokens' ids still count (row 0's
+    partials, id 7's run, lone ids whose row gets +0)."""
+    path, changes = MASKED_ROUTES[route]
+    ids, grad, main_grad, masked = masked_tokens()
+    ids_t, grad_t, out, masked_t = to_torch(ids), to_torch(grad), to_torch(main_grad), to_torch(masked)
+    problem = ew._check(ids_t, grad_t, out, None)
+    cfg = dataclasses.replace(ew._config(problem, path, True, zero_rows=True), **changes)
+    plan = ew._plan_stage(ids_t, problem, cfg)
+    partials, flags = ew._partials_stage(plan, grad_t, out, problem, cfg, masked=masked_t.view(torch.uint8))
+    if cfg.fold_programs == 0:
+        ew._long_runs_stage(plan, partials, flags, out, problem, cfg)
+    expected = reference.accumulate(ids, grad, main_grad, path=path, masked=masked)
+    assert not np.isnan(expected).any()
+    assert_bits_equal(to_numpy(out), expected)
+
+
+@cpu_only
+def test_masked_gives_megatrons_bits():
+    """Public accumulate on Megatron's input (masked_arrays: zero rows at row 0, +0 and -0): masked
+    marking exactly those rows gives the bits of the call without it, i.e. of the dense path."""
+    ids, grad, main_grad = masked_arrays()
+    masked = (ids == 0) & ~np.isin(np.arange(ids.size), np.flatnonzero(ids == 0)[[5, 55]])
+    out = to_torch(main_grad)
+    torch_frontend.accumulate(to_torch(ids), to_torch(grad), out, masked=to_torch(masked.reshape(4, 80)).reshape(-1))
+    assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad))
+
+
+@pytest.mark.parametrize(
+    "masked, error",
+    [
+        (lambda i: i > 1, None),
+        (lambda i: (i > 1).int(), TypeError),
+        (lambda i: (i > 1)[:2], ValueError),
+        (lambda i: (i > 1).reshape(3, 1), ValueError),
+        (lambda i: [True, False, True], TypeError),
+    ],
+)
+def test_bad_masked_raises_and_leaves_main_grad(masked, error):
+    ids, grad, main_grad = _good()
+    before = main_grad.clone()
+    if error is None:  # the good one, for contrast: it adds the rows of ids 2 (masked: +0) and 1
+        torch_frontend.accumulate(ids, grad, main_grad, masked=masked(ids))
+        expected = reference.accumulate(to_numpy(ids), to_numpy(grad), to_numpy(before), masked=to_numpy(masked(ids)))
+        assert_bits_equal(to_numpy(main_grad), expected)
+        return
+    with pytest.raises(error, match="masked"):
+        torch_frontend.accumulate(ids, grad, main_grad, masked=masked(ids))
+    assert_bits_equal(to_numpy(main_grad), to_numpy(before))
 
 
 @pytest.mark.parametrize("hidden, positions", [(4096, 256), (7168, 256), (16384, 112)])
@@ -452,6 +537,23 @@ def test_gpu_bitwise_against_dense_and_core(case: Case):
     if core_checked_on_gpu(case):
         rows, new = case.expected_rows(ids, grad, lambda r: to_numpy(main_grad[torch.from_numpy(r).cuda()]))
         assert_bits_equal(to_numpy(out[torch.from_numpy(rows).cuda()]), new, "core reference rows")
+
+
+@requires_cuda
+@pytest.mark.parametrize("case", [c for c in gpu_cases() if c.zero_positions is not None], ids=lambda c: c.name)
+def test_gpu_masked_megatron_bitwise(case: Case):
+    """Megatron's vocab-parallel input with its input_mask as masked: the masked rows (NaN here) are
+    not read, and main_grad gets the dense path's bits on the zeroed grad; twice (the second call
+    replays the first's launches with its own mask)."""
+    ids, grad, ids_t, grad_t, main_grad = gpu_inputs(case)
+    expected = dense_reference(ids_t, grad_t, main_grad, case.padding)
+    masked = torch.zeros(case.num_tokens, dtype=torch.bool, device="cuda")
+    masked[torch.from_numpy(case.zero_positions).cuda()] = True
+    poisoned = grad_t.masked_fill(masked[:, None], float("nan"))
+    for _ in range(2):
+        out = main_grad.clone()
+        torch_frontend.accumulate(ids_t, poisoned, out, masked=masked.clone())
+        assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
 
 
 @requires_cuda

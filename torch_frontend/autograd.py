@@ -26,38 +26,42 @@ from torch.autograd.function import once_differentiable
 
 from embwgrad_core.validate import normalize_padding_idx
 
-from .embedding_wgrad import accumulate
+from .embedding_wgrad import _check_masked, accumulate
 
 __all__ = ["embedding"]
 
 
 class _Embedding(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, ids, weight, pad, zero_rows):
-        ctx.save_for_backward(ids, weight)
+    def forward(ctx, ids, weight, pad, zero_rows, masked):
+        ctx.save_for_backward(ids, weight, masked)
         ctx.pad = pad  # padding_idx in [0, V), or -1 for none (normalize_padding_idx)
         ctx.zero_rows = zero_rows
-        return F.embedding(ids, weight)  # padding_idx changes only the backward
+        out = F.embedding(ids, weight)  # padding_idx changes only the backward
+        return out if masked is None else out.masked_fill(masked[..., None], 0)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_output):
-        ids, weight = ctx.saved_tensors
+        ids, weight, masked = ctx.saved_tensors
         if not ctx.needs_input_grad[1]:
-            return None, None, None, None
+            return None, None, None, None, None
         main_grad = getattr(weight, "main_grad", None)
         if main_grad is None:
+            if masked is not None:  # the masked outputs are constants: no gradient flows from them
+                grad_output = grad_output.masked_fill(masked[..., None], 0)
             dense = torch.ops.aten.embedding_dense_backward(grad_output, ids, weight.shape[0], ctx.pad, False)
-            return None, dense, None, None
-        accumulate(ids, grad_output, main_grad, padding_idx=ctx.pad if ctx.pad >= 0 else None, zero_rows=ctx.zero_rows)
+            return None, dense, None, None, None
+        accumulate(ids, grad_output, main_grad, padding_idx=ctx.pad if ctx.pad >= 0 else None, zero_rows=ctx.zero_rows, masked=masked)
         if not hasattr(weight, "grad_added_to_main_grad"):
-            return None, None, None, None
+            return None, None, None, None, None
         weight.grad_added_to_main_grad = True
         make = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
-        return None, make(weight.shape, dtype=weight.dtype, device=weight.device), None, None
+        return None, make(weight.shape, dtype=weight.dtype, device=weight.device), None, None, None
 
 
-def embedding(ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None, zero_rows: bool = False) -> torch.Tensor:
+def embedding(ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None, zero_rows: bool = False,
+              masked: torch.Tensor | None = None) -> torch.Tensor:
     """``F.embedding(ids, weight, padding_idx)`` whose backward adds into ``weight.main_grad``.
 
     Args:
@@ -68,9 +72,13 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None, zero
         padding_idx: as in torch.nn.functional.embedding: that row gets no gradient.
         zero_rows: passed to ``accumulate``: True for ``VocabParallelEmbedding`` with TP > 1,
             whose other ranks' tokens have zero gradient rows (same bits, faster).
+        masked: bool [*S] or None: tokens whose output rows are zero, as ``VocabParallelEmbedding``
+            zeroes those of its ``input_mask`` (the other ranks' tokens). The forward zeroes them,
+            and the backward passes the mask to ``accumulate``, which then never reads their
+            gradient rows (same bits as Megatron's lookup and zeroing, faster than zero_rows alone).
 
     Returns:
-        [*S, H], the rows of weight: ``F.embedding``'s own output.
+        [*S, H], the rows of weight: ``F.embedding``'s own output (zero at masked tokens).
 
     Raises TypeError or ValueError naming the argument (padding_idx by the core's check, as
     ``accumulate``). ``main_grad`` is checked when the backward runs, by ``accumulate``, before
@@ -82,4 +90,6 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None, zero
         raise ValueError(f"weight must be a 2-D torch.Tensor [V, H], got {getattr(weight, 'shape', type(weight).__name__)}")
     if not isinstance(zero_rows, bool):
         raise TypeError(f"zero_rows must be a bool, got {type(zero_rows).__name__}")
-    return _Embedding.apply(ids, weight, normalize_padding_idx(padding_idx, weight.shape[0]), zero_rows)
+    if masked is not None:
+        _check_masked(masked, ids)
+    return _Embedding.apply(ids, weight, normalize_padding_idx(padding_idx, weight.shape[0]), zero_rows, masked)
