@@ -85,15 +85,25 @@ def test_kernels_match_core_reference(case: Case):
     path=st.sampled_from([FEATURE, SORT]),
     dtypes=st.sampled_from([("bfloat16", "float32"), ("float32", "float16"), ("float16", "bfloat16")]),
     seed=st.integers(0, 2**16),
+    mask_rate=st.sampled_from([0.0, 0.0, 0.5, 0.9]),
 )
-def test_random_cases_match_core_reference(shape, vocab, hidden, padding, path, dtypes, seed):
-    """2-D ids with out-of-range ids (-2 .. V + 1) and any padding_idx, through either arithmetic."""
-    ids = np.random.default_rng(seed).integers(-2, vocab + 2, size=shape)
+def test_random_cases_match_core_reference(shape, vocab, hidden, padding, path, dtypes, seed, mask_rate):
+    """2-D ids with out-of-range ids (-2 .. V + 1) and any padding_idx, through either arithmetic;
+    and (mask_rate > 0) a random masked with NaN in the masked rows."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(-2, vocab + 2, size=shape)
     padding_idx = None if padding is None else padding % vocab
     case = Case("random", ids, hidden, vocab, *dtypes, padding_idx=padding_idx, path=path, seed=seed)
     ids, grad, main_grad = case.arrays()
-    expected = reference.accumulate(ids, grad, main_grad, padding_idx=padding_idx, path=path)
-    assert_bits_equal(run_kernels(case, ids, grad, main_grad), expected)
+    if mask_rate == 0:
+        expected = reference.accumulate(ids, grad, main_grad, padding_idx=padding_idx, path=path)
+        assert_bits_equal(run_kernels(case, ids, grad, main_grad), expected)
+        return
+    masked = rng.random(shape) < mask_rate
+    grad = np.where(masked[..., None], np.asarray(np.nan, grad.dtype), grad)
+    expected = reference.accumulate(ids, grad, main_grad, padding_idx=padding_idx, path=path, masked=masked)
+    out = ew._accumulate(to_jax(ids), to_jax(grad), to_jax(main_grad), to_jax(masked), padding_idx=padding_idx, path=path)
+    assert_bits_equal(np.asarray(out), expected)
 
 
 SORT_CASES = [c for c in cpu_cases() if c.name in ("s-runs-f32-bf16", "s-padding", "ids-out-of-range")]

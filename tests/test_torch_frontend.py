@@ -88,13 +88,23 @@ def test_kernels_match_core_reference(case: Case):
     path=st.sampled_from([FEATURE, SORT]),
     dtypes=st.sampled_from([("bfloat16", "float32"), ("float32", "float32"), ("float16", "bfloat16")]),
     seed=st.integers(0, 2**16),
+    mask_rate=st.sampled_from([0.0, 0.0, 0.5, 0.9]),
 )
-def test_kernels_match_core_reference_hypothesis(ids, hidden, path, dtypes, seed):
+def test_kernels_match_core_reference_hypothesis(ids, hidden, path, dtypes, seed, mask_rate):
+    """Random ids, and (mask_rate > 0) a random masked with NaN in the masked rows."""
     case = Case("hypothesis", np.array(ids), hidden, 24, *dtypes, path=path, seed=seed)
     ids_np, grad, main_grad = case.arrays()
-    expected = reference.accumulate(ids_np, grad, main_grad, path=path)
     out = to_torch(main_grad)
-    run_kernels(case, to_torch(ids_np), to_torch(grad), out)
+    if mask_rate == 0:
+        expected = reference.accumulate(ids_np, grad, main_grad, path=path)
+        run_kernels(case, to_torch(ids_np), to_torch(grad), out)
+    else:
+        masked = np.random.default_rng(seed).random(ids_np.size) < mask_rate
+        grad = np.where(masked[:, None], np.asarray(np.nan, grad.dtype), grad)
+        expected = reference.accumulate(ids_np, grad, main_grad, path=path, masked=masked)
+        ids_t, grad_t = to_torch(ids_np), to_torch(grad)
+        problem = ew._check(ids_t, grad_t, out, None)
+        ew._launch(ids_t, grad_t, out, problem, path, True, to_torch(masked).view(torch.uint8))
     assert_bits_equal(to_numpy(out), expected)
 
 
