@@ -37,9 +37,12 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
 5. With accumulate's zero_rows (sort path, as the torch twin): partials of more than one row in
    runs of at least ZERO_SKIP_MIN_PARTIALS partials flag whether they are nonzero per H block
    and, where not, store nothing; the folds skip them (_fold). Exact, since a sum from +0 is never -0.
-6. With accumulate's masked (implies zero_rows, as the torch twin): the plan is unchanged; every
-   load of a grad row (add_row, and the merge kernel's rows ahead) is predicated on the token's
-   mask byte, so a masked row is taken as +0 and never read.
+6. With accumulate's masked (implies zero_rows, as the torch twin): masked tokens keep their
+   places in runs and partials; every load of a grad row (add_row, and the merge kernel's rows
+   ahead) is predicated on the token's mask byte, so a masked row is taken as +0 and never read.
+   Sort path: the plan defers the records of runs with flags, and ``_masked_records_kernel``
+   publishes those of partials with a token not masked; a partial of masked tokens only gets
+   no item, only 0 flags and its arrivals.
 
 No atomics touch floating-point data; the atomics count records, long runs and arrivals, whose
 order changes no bit. bf16 rounding is integer bit operations (as in the torch kernels), so both
@@ -138,6 +141,10 @@ INTERPRET_RANK_TILES = {SORT: (256, 256), FEATURE: (8 * CHUNK, 8 * CHUNK)}
 #: 8192 tokens (one-warp partials, no folders) slower: 32768 uniform 577.3 against 579.7 with 24,
 #: 32768 Zipf 335.2 against 337.4, so none there.
 TAIL_PROGRAMS_PER_SM = 24
+
+#: Slots per _masked_records_kernel program (accumulate's masked), as the torch twin's: each loads
+#: the positions and mask bytes of its partials' slots at once, [16, MASKED_RECORDS_BLOCK] lanes.
+MASKED_RECORDS_BLOCK = 256
 
 #: Sort path up to FOLD_ROLE_MAX_TOKENS: one partials program per SM for every this many (token,
 #: H block) pairs (H blocks of the partials kernel's block_h), no fewer than PARTIAL_PROGRAMS_PER_SM
@@ -270,26 +277,32 @@ COUNTS = 4
 _LISTED, _FRONT, _BACK = 0, 1, 2
 
 
+def _appended(counts_ref, flags, counter: int):
+    """(base + rank among these lanes) of each flagged lane, base from one atomic add of their number to counts_ref[counter]."""
+    flags = flags.astype(jnp.int32)
+    total = jnp.sum(flags, dtype=jnp.int32)
+    # (A masked atomic has no interpret-mode rule; a literal 0 as a branch result no Triton lowering.)
+    base = lax.cond(total > 0, lambda t: plgpu.atomic_add(counts_ref, jnp.int32(counter), t), lambda t: t * 0, total)
+    return base + jnp.cumsum(flags) - flags
+
+
 def _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, *, n: int,
-                    policy: str | None):
+                    policy: str | None, defer: int = 0):
     """Sort path: publish a record for each of these slots that starts a partial, and list the long runs (as the torch twin).
 
     Partials of long runs (more than NROWS slots) go to the front of the record list, the
     others to its back, so that the partials kernel takes the long runs' partials first. A long
     run's first slot lists the run (run start, partials) and zeroes its arrival counter. An
-    atomic only where it adds something: the counters are hot addresses.
+    atomic only where it adds something: the counters are hot addresses. defer > 0 (accumulate's
+    masked): no record for a partial of a run of defer partials or more; _masked_records_kernel
+    publishes those whose tokens are not all masked.
     """
     starts = live & (key >= 0) & ((slot - run_start) % NROWS == 0)
+    if defer:
+        starts = starts & (run_end - run_start <= (defer - 1) * NROWS)
     long = run_end - run_start > NROWS
     lane = lax.iota(jnp.int32, slot.shape[0])
-
-    def append(flags, counter):  # (base + rank among these lanes) of each flagged lane
-        flags = flags.astype(jnp.int32)
-        total = jnp.sum(flags, dtype=jnp.int32)
-        # (A masked atomic has no interpret-mode rule; a literal 0 as a branch result no Triton lowering.)
-        base = lax.cond(total > 0, lambda t: plgpu.atomic_add(counts_ref, jnp.int32(counter), t), lambda t: t * 0, total)
-        return base + jnp.cumsum(flags) - flags
-
+    append = functools.partial(_appended, counts_ref)
     front, back = starts & long, starts & ~long
     index = jnp.where(front, append(front, _FRONT), n - 1 - append(back, _BACK))
     index = jnp.where(starts, index, n + lane)  # lanes that append nothing scatter past the end (see _rank_kernel)
@@ -364,6 +377,7 @@ def _merge_rank_kernel(
     block_u: int,  # block-sorted tokens per program
     unroll: bool,  # the steps unrolled (as the torch twin), else a loop
     plan_policy: str | None,  # L2 eviction policy of the sorted positions' and records' stores (PLAN_EVICT_LAST), or None
+    defer: int = 0,  # > 0: runs of this many partials or more get their records later (_masked_records_kernel)
     pid=None,  # the program id, when read by a caller (interpret mode has no program ids inside pl.when)
 ):
     """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
@@ -421,7 +435,8 @@ def _merge_rank_kernel(
     plgpu.store(sorted_pos_ref.at[slot], pos, mask=live, eviction_policy=plan_policy)
     plgpu.store(run_start_ref.at[slot], run_start, mask=live)
     plgpu.store(run_end_ref.at[slot], run_end, mask=live)
-    _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, n=n, policy=plan_policy)
+    _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, n=n, policy=plan_policy,
+                    defer=defer)
 
 
 def _rank_kernel(
@@ -540,6 +555,7 @@ def _runs_kernel(
     *,
     n: int,
     block: int,  # slots per program
+    defer: int = 0,  # > 0: runs of this many partials or more get their records later (_masked_records_kernel)
 ):
     """Sort path after lax.sort: every slot's run start and end by binary search in the sorted keys, and the records."""
     del counts_in_ref
@@ -567,7 +583,77 @@ def _runs_kernel(
     plgpu.store(run_start_ref.at[pl.ds(s0, block)], lo, mask=live)
     plgpu.store(run_end_ref.at[pl.ds(s0, block)], lo_end, mask=live)
     pos = plgpu.load(sorted_pos_ref.at[pl.ds(s0, block)], mask=live, other=0)
-    _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, s, key, pos, lo, lo_end, live, n=n, policy=None)
+    _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, s, key, pos, lo, lo_end, live, n=n, policy=None, defer=defer)
+
+
+def _masked_records_kernel(
+    # Inputs
+    sorted_keys_ref,  # int32 [n]: keys in sorted order
+    sorted_pos_ref,  # int32 [n]: positions in sorted order
+    run_start_ref,  # int32 [n]: first slot of each slot's run
+    run_end_ref,  # int32 [n]: one past the last slot of each slot's run
+    masked_ref,  # int8 [n]: nonzero where position p's row is taken as +0
+    counts_in_ref,  # int32 [COUNTS]: aliased to counts_ref, never read
+    records_in_ref,  # int32 [n * REC_FIELDS]: aliased to records_ref, never read
+    arrivals_in_ref,  # int32 [n]: aliased to arrivals_ref, never read
+    # Outputs
+    counts_ref,  # int32 [COUNTS]: the plan's counters
+    records_ref,  # int32 [n * REC_FIELDS]: the plan's records, and here the deferred partials' with a token not masked
+    arrivals_ref,  # int32 [n]: arrival counters; here each run's partials of masked tokens only are counted in
+    flags_ref,  # int32 [partial_buffer_rows * num_hb]: 0 for each partial of masked tokens only (the partials kernel writes the others')
+    *,
+    n: int,
+    block: int,  # slots per program
+    num_hb: int,  # H blocks of the partials kernel
+    defer: int,  # the plan deferred the records of runs of this many partials or more (the zero skip's skip_min, >= 2)
+    policy: str | None,  # L2 eviction policy of the records' stores
+    interpret: bool,
+):
+    """Sort path with accumulate's masked: the records the plan deferred (as the torch twin).
+
+    A partial of a deferred run (a run with flags) whose tokens are all masked sums to +0: it
+    gets no record, its flags are 0 in every H block (the folds skip it) and its arrivals are
+    counted here, since the folders wait for all of its run's. The others get their front
+    records. Each program adds its dropped partials of a run to the run's counter by two atomics,
+    + the running count at the run's last slot in the program, - the count before its first.
+    """
+    del counts_in_ref, records_in_ref, arrivals_in_ref
+    s0 = pl.program_id(0) * block
+    s = s0 + lax.iota(jnp.int32, block)
+    lane = lax.iota(jnp.int32, block)
+    live = s < n
+    key = plgpu.load(sorted_keys_ref.at[pl.ds(s0, block)], mask=live, other=-1)
+    run_start = plgpu.load(run_start_ref.at[pl.ds(s0, block)], mask=live, other=0)
+    run_end = plgpu.load(run_end_ref.at[pl.ds(s0, block)], mask=live, other=0)
+    flagged = live & (key >= 0) & (run_end - run_start > (defer - 1) * NROWS)
+    deferred = flagged & ((s - run_start) % NROWS == 0)
+    # The partial's slots' positions, then their mask bytes: two round trips, all at once
+    # ([span, block] lanes, slots along the last axis, as the merge's searches).
+    t = lax.iota(jnp.int32, 1 << (NROWS - 1).bit_length())[:, None]
+    take = deferred[None, :] & (t < NROWS) & (s[None, :] + t < run_end[None, :])
+    pos_t = plgpu.load(sorted_pos_ref.at[jnp.where(take, s[None, :] + t, 0)], mask=take, other=0)  # (masked lanes need an address)
+    real_t = take & (plgpu.load(masked_ref.at[pos_t], mask=take, other=1) == 0)
+    real = jnp.max(real_t.astype(jnp.int32), axis=0) != 0
+    pos = jnp.sum(jnp.where(t == 0, pos_t, 0), axis=0, dtype=jnp.int32)
+    index = jnp.where(real, _appended(counts_ref, real, _FRONT), n + lane)  # the others past the end (see _rank_kernel)
+    for field, value in enumerate((s, key, pos, run_start, run_end)):
+        plgpu.store(records_ref.at[index * REC_FIELDS + field], value, mask=real, eviction_policy=policy)
+    dropped = deferred & ~real
+    row = partial_row(run_start, (s - run_start) // NROWS, SORT).astype(jnp.int32)
+    past = flags_ref.shape[0] + lane
+
+    def zero_flag(hb, carry):
+        plgpu.store(flags_ref.at[jnp.where(dropped, row * num_hb + hb, past)], jnp.zeros((block,), jnp.int32), mask=dropped)
+        return carry
+
+    lax.fori_loop(0, num_hb, zero_flag, None)
+    d = dropped.astype(jnp.int32)
+    count = jnp.cumsum(d)  # this program's dropped partials up to this slot
+    first = flagged & ((s == run_start) | (s == s0)) & (count != d)
+    last = flagged & ((s + 1 == run_end) | (s == s0 + block - 1)) & (count != 0)
+    # One lane per run in each call. Interpret mode has no masked atomic, and drops the updates past the end.
+    for lanes, value in ((last, count), (first, d - count)):
+        plgpu.atomic_add(arrivals_ref, jnp.where(lanes, run_start, n + lane), value * num_hb, mask=None if interpret else lanes)
 
 
 def _partials_kernel(
@@ -1269,7 +1355,7 @@ def _merge_rows_ahead_kernel(block_keys_ref, block_pos_ref, counts_in_ref, ids_r
         plgpu.store(sink_ref.at[pl.ds(0, block_h)], acc, mask=acc == 1.0e-30)
 
 
-def _merge_sort(ids, grad, main_grad, masked, problem: Problem, cfg: _Config):
+def _merge_sort(ids, grad, main_grad, masked, problem: Problem, cfg: _Config, defer: int = 0):
     """Stages 1 and 2 by the merge-rank sort: (sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals,
     main_grad); main_grad is passed through (aliased), its rows read ahead with cfg.rows_ahead (but masked's, int8 [n] or None)."""
     n = problem.num_tokens
@@ -1288,7 +1374,7 @@ def _merge_sort(ids, grad, main_grad, masked, problem: Problem, cfg: _Config):
         tile=cfg.merge_tile,
     )(ids)
     merge = dict(n=n, block=cfg.merge_block, num_blocks=cfg.merge_blocks, steps=cfg.merge_block.bit_length(), block_u=cfg.merge_u,
-                 unroll=cfg.unroll, plan_policy="evict_last" if cfg.plan_evict_last else None)
+                 unroll=cfg.unroll, plan_policy="evict_last" if cfg.plan_evict_last else None, defer=defer)
     if cfg.rows_ahead:
         tokens = min(n, cfg.rows_ahead)
         merge_programs = pl.cdiv(n, cfg.merge_u)
@@ -1365,7 +1451,7 @@ def _vary_as(x, cfg: _Config):
     return lax.pcast(x, axes, to="varying") if hasattr(lax, "pcast") else lax.pvary(x, axes)  # jax >= 0.9; 0.7-0.8
 
 
-def _runs(sorted_keys, sorted_pos, problem: Problem, cfg: _Config):
+def _runs(sorted_keys, sorted_pos, problem: Problem, cfg: _Config, defer: int = 0):
     """Stage 2 after lax.sort (sort path): (run_start, run_end, counts, records, long_runs, arrivals)."""
     n = problem.num_tokens
     # The counters must be zero before the kernel's atomics: a zero buffer aliased to them.
@@ -1378,15 +1464,50 @@ def _runs(sorted_keys, sorted_pos, problem: Problem, cfg: _Config):
         name="embwgrad_runs",
         n=n,
         block=cfg.runs_block,
+        defer=defer,
     )(sorted_keys, sorted_pos, _vary_as(jnp.zeros((COUNTS,), jnp.int32), cfg))
 
 
-def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, problem: Problem, cfg: _Config, masked=None):
+def _masked_records(plan, counts, records, arrivals, masked, problem: Problem, cfg: _Config, defer: int):
+    """Sort path with masked: the deferred records (_masked_records_kernel). Returns (counts, records, arrivals, flags),
+    all but flags aliased to the inputs; flags holds 0 for the dropped partials and is written further by _partials."""
+    sorted_keys, sorted_pos, _, run_start, run_end = plan
+    n = problem.num_tokens
+    num_hb = pl.cdiv(problem.hidden, cfg.block_h)
+    return _call(
+        _masked_records_kernel,
+        cfg,
+        out_shape=[_sds(cfg, (COUNTS,), jnp.int32), _sds(cfg, records.shape, jnp.int32), _sds(cfg, arrivals.shape, jnp.int32),
+                   _sds(cfg, (partial_buffer_rows(n, cfg.path) * num_hb,), jnp.int32)],
+        grid=(pl.cdiv(n, MASKED_RECORDS_BLOCK),),
+        input_output_aliases={5: 0, 6: 1, 7: 2},
+        num_warps=4,
+        name="embwgrad_masked_records",
+        n=n,
+        block=MASKED_RECORDS_BLOCK,
+        num_hb=num_hb,
+        defer=defer,
+        policy="evict_last" if cfg.plan_evict_last and cfg.sort == MERGE else None,
+        interpret=cfg.interpret,
+    )(sorted_keys, sorted_pos, run_start, run_end, masked, counts, records, arrivals)
+
+
+def _flags_in(kernel):
+    """kernel with one more input before its six outputs, the flags (aliased to its last output) and never read."""
+
+    def with_flags(*refs, **static):
+        return kernel(*refs[:-7], *refs[-6:], **static)
+
+    return with_flags
+
+
+def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, problem: Problem, cfg: _Config, masked=None, flags=None):
     """Stage 3: sum every partial, finish runs of one partial; feature path: list the long runs;
     sort path with folding programs: fold them too. masked (int8 [n] or None): those positions' rows are taken as +0, not read.
 
     plan is (sorted_keys, sorted_pos, partial_ord or None, run_start, run_end). Returns
-    (main_grad, partials, long_runs, counts, arrivals, flags), all but partials and flags aliased to the inputs.
+    (main_grad, partials, long_runs, counts, arrivals, flags), all but partials aliased to the inputs, and flags too when
+    given (_masked_records wrote some).
     """
     sorted_keys, sorted_pos, partial_ord, run_start, run_end = plan
     n, hidden = problem.num_tokens, problem.hidden
@@ -1398,6 +1519,10 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
     folders = cfg.fold_programs  # 0 on the feature path (_config)
     programs = items if feature else min(items, cfg.partial_programs) + folders
     last = len(inputs) - 1
+    aliases = {last - 3: 0, last - 1: 2, last - 2: 3, last: 4}
+    if flags is not None:
+        kernel, inputs = _flags_in(kernel), inputs + [flags]
+        aliases[last + 1] = 5
     return _call(
         kernel,
         cfg,
@@ -1411,7 +1536,7 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
             _sds(cfg, (partial_buffer_rows(n, cfg.path) * pl.cdiv(hidden, cfg.block_h) if cfg.zero_skip else 1,), jnp.int32),
         ],
         grid=(programs,),
-        input_output_aliases={last - 3: 0, last - 1: 2, last - 2: 3, last: 4},
+        input_output_aliases=aliases,
         num_warps=cfg.partial_warps,
         name="embwgrad_partials",
         n=n,
@@ -1464,17 +1589,22 @@ def _long_runs(long_runs, counts, sorted_keys, partials, flags, main_grad, probl
 def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config, masked=None) -> _Stages:
     """All stages on ids [n] (flattened) and grad [n, H] into main_grad [V, H] (aliased); masked: int8 [n] or None."""
     partial_ord = None
+    # Sort path with masked and the zero skip: the records of runs with flags wait for _masked_records.
+    defer = cfg.zero_skip if masked is not None and cfg.path != FEATURE else 0
     if cfg.sort == MERGE:
         sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals, main_grad = _merge_sort(ids, grad, main_grad,
-                                                                                                                   masked, problem, cfg)
+                                                                                                                   masked, problem, cfg, defer)
     elif cfg.path == FEATURE:  # _rank_kernel makes the whole plan
         sorted_keys, sorted_pos, partial_ord, run_start, run_end, counts, records, long_runs, arrivals = _sort(ids, problem, cfg)
     else:
         sorted_keys, sorted_pos = _sort(ids, problem, cfg)
-        run_start, run_end, counts, records, long_runs, arrivals = _runs(sorted_keys, sorted_pos, problem, cfg)
+        run_start, run_end, counts, records, long_runs, arrivals = _runs(sorted_keys, sorted_pos, problem, cfg, defer)
     plan = (sorted_keys, sorted_pos, partial_ord, run_start, run_end)
+    flags = None
+    if defer:
+        counts, records, arrivals, flags = _masked_records(plan, counts, records, arrivals, masked, problem, cfg, defer)
     main_grad, partials, long_runs, counts, arrivals, flags = _partials(plan, records, counts, long_runs, arrivals, grad, main_grad,
-                                                                       problem, cfg, masked)
+                                                                       problem, cfg, masked, flags)
     if cfg.fold_programs == 0:  # else the partials kernel folded the long runs (never on the feature path)
         main_grad = _long_runs(long_runs, counts, sorted_keys, partials, flags, main_grad, problem, cfg)
     if cfg.path == FEATURE:

@@ -56,9 +56,14 @@ def variants():
     for block, blocks in ((256, 32), (512, 64), (2048, 64)):
         consts = {"BLOCK": block, "NUM_BLOCKS": blocks, "STEPS": 5, "BLOCK_U": 1024 // blocks, "SPAN": NROWS,
                   "GROUP_P2": 32, "WINDOW": 16, "COUNT": True, "PDL": True, "COUNT_AGGREGATE": ew.COUNT_AGGREGATE,
-                  "PLAN_POLICY": "evict_last" if ew.PLAN_EVICT_LAST else ""}
+                  "PLAN_POLICY": "evict_last" if ew.PLAN_EVICT_LAST else "", "DEFER": 0}
         yield f"merge_rank {block}x{blocks}", ew._merge_rank_kernel, {}, consts
-    yield "runs", ew._runs_kernel, {}, {"BLOCK": 1024, "SPAN": NROWS, "PDL": True}  # after torch.sort only
+    # accumulate's masked: the records of runs with flags deferred to _masked_records_kernel.
+    yield "merge_rank masked", ew._merge_rank_kernel, {}, {**consts, "DEFER": ew.ZERO_SKIP_MIN_PARTIALS}
+    for defer in (0, ew.ZERO_SKIP_MIN_PARTIALS):
+        yield f"runs defer={defer}", ew._runs_kernel, {}, {"BLOCK": 1024, "SPAN": NROWS, "PDL": True, "DEFER": defer}  # after torch.sort only
+    yield "masked_records", ew._masked_records_kernel, {"masked_ptr": "*u8"}, {"BLOCK": ew.MASKED_RECORDS_BLOCK, "SPAN": NROWS, "SPAN_P2": 16, "DEFER": ew.ZERO_SKIP_MIN_PARTIALS,
+                                                                             "POLICY": "evict_last", "PDL": True}
     # Scratch: fp32, or bf16 bits in int16 on the feature path with bf16 grads (ew._Config.bf16_scratch).
     scratches = [(f, g, m, "fp32") for f, g, m in itertools.product((True, False), DTYPES, DTYPES)]
     scratches += [(True, g, m, "i16") for g, m in itertools.product(DTYPES, DTYPES) if DTYPES[g] == "bf16"]

@@ -334,18 +334,35 @@ MASKED_ROUTES = {
 _SMALL_BLOCKS = (("block_h", 16), ("fold_h", 8), ("long_block_h", 8))
 
 
+@pytest.mark.parametrize("zero_skip", [2, 0], ids=["deferred", "planned"])
 @pytest.mark.parametrize("route", MASKED_ROUTES)
-def test_masked_rows_are_not_read(route):
+def test_masked_rows_are_not_read(route, zero_skip):
     """accumulate's masked: the masked tokens' rows (NaN here) are never read, and main_grad gets the
     reference's bits with those rows taken as +0; the masked tokens' ids still count (row 0's
-    partials, id 7's run, lone ids whose row gets +0)."""
+    partials, id 7's run, lone ids whose row gets +0). With the zero skip (interpret mode's 2, as
+    accumulate's masked sets it) the records of runs with flags are deferred, and a partial of
+    masked tokens only gets none (_masked_records_kernel); without, the plan publishes them all."""
     path, overrides = MASKED_ROUTES[route]
-    overrides = overrides if path == FEATURE else overrides + _SMALL_BLOCKS
+    overrides = overrides if path == FEATURE else overrides + _SMALL_BLOCKS + (("zero_skip", zero_skip),)
     ids, grad, main_grad, masked = masked_tokens()
     expected = reference.accumulate(ids, grad, main_grad, path=path, masked=masked)
     assert not np.isnan(expected).any()
-    out = ew._accumulate(to_jax(ids), to_jax(grad), to_jax(main_grad), to_jax(masked), path=path, overrides=overrides)
-    assert_bits_equal(np.asarray(out), expected)
+    if path == FEATURE:
+        out = ew._accumulate(to_jax(ids), to_jax(grad), to_jax(main_grad), to_jax(masked), path=path, overrides=overrides)
+        assert_bits_equal(np.asarray(out), expected)
+    else:  # (the stages, as _accumulate runs them, to see the records too)
+        ids_j, grad_j, main_j = to_jax(ids), to_jax(grad), to_jax(main_grad)
+        problem = ew._check(ids_j, grad_j, main_j, None)
+        cfg = ew._config(problem, SORT, overrides, zero_rows=True)
+        stages = ew._run_stages(ids_j, grad_j.reshape(ids.size, -1), main_j, problem, cfg, to_jax(masked.astype(np.int8)))
+        assert_bits_equal(np.asarray(stages.main_grad), expected)
+        core = make_plan(ids, main_grad.shape[0], path=SORT)
+        ends = np.minimum(core.partial_slot + NROWS, core.run_end[core.partial_slot])
+        flagged = (core.run_partials[core.partial_run] >= zero_skip) & (zero_skip > 0)
+        all_masked = np.array([masked[core.sorted_pos[a:b]].all() for a, b in zip(core.partial_slot, ends)])
+        listed = np.asarray(stages.records).reshape(ids.size, -1)[: int(stages.counts[ew._FRONT]), 0]
+        assert sorted(listed.tolist()) == core.partial_slot[(core.run_partials[core.partial_run] > 1) & ~(flagged & all_masked)].tolist()
+        assert (flagged & all_masked).sum() >= (10 if zero_skip else 0)  # row 0's
 
 
 def test_masked_gives_megatrons_bits():
@@ -594,6 +611,25 @@ def test_cuda_lowering_is_triton_and_aliases_main_grad(n, x64, plan_kernels):
     assert re.search(r"%arg2: tensor<129280x7168xf32> \{[^}]*tf\.aliasing_output = 0", text)  # donated
     writers = [line for line in calls if "embwgrad_partials" in line or "embwgrad_long_runs" in line]
     assert all("output_operand_aliases" in line for line in writers)
+
+
+@pytest.mark.parametrize("n, plan_kernels", [(8192, MERGE_KERNELS), (MERGE_SORT_MAX_TOKENS + 1, ["embwgrad_runs"])])
+def test_cuda_lowering_with_masked_defers_records(n, plan_kernels):
+    """Lowered for CUDA with masked: the deferred records' kernel between the plan and the partials, whose
+    flags output it fills in (aliased); main_grad aliased as without masked."""
+    ids = jax.ShapeDtypeStruct((n,), jnp.int32)
+    grad = jax.ShapeDtypeStruct((n, 7168), jnp.bfloat16)
+    main_grad = jax.ShapeDtypeStruct((129280, 7168), jnp.float32)
+    masked = jax.ShapeDtypeStruct((n,), jnp.bool_)
+    text = _cuda_module(ew._accumulate, ids, grad, main_grad, masked, overrides=(("interpret", False),))
+    calls = [line for line in text.splitlines() if TRITON_CALL.search(line)]
+    names = [re.search(r'name = "(\w+)"', line).group(1) for line in calls]
+    long_runs = n > FOLD_ROLE_MAX_TOKENS
+    assert names == plan_kernels + ["embwgrad_masked_records", "embwgrad_partials"] + ["embwgrad_long_runs"] * long_runs
+    records, partials = calls[len(plan_kernels)], calls[len(plan_kernels) + 1]
+    assert "num_warps = 4" in records and "output_operand_aliases" in records
+    assert "output_tuple_indices = [5], operand_index = 10," in partials  # the flags, as _masked_records left them
+    assert re.search(r"%arg2: tensor<129280x7168xf32> \{[^}]*tf\.aliasing_output = 0", text)
 
 
 def test_cuda_lowering_of_user_scan_aliases_main_grad():

@@ -256,8 +256,9 @@ MASKED_ROUTES = {
 
 
 @cpu_only
+@pytest.mark.parametrize("defer", [True, False], ids=["deferred", "planned"])
 @pytest.mark.parametrize("route", MASKED_ROUTES)
-def test_masked_rows_are_not_read(route):
+def test_masked_rows_are_not_read(route, defer):
     """accumulate's masked: the masked tokens' rows (NaN here) are never read, and main_grad gets the
     reference's bits with those rows taken as +0; the masked tokens' ids still count (row 0's
     partials, id 7's run, lone ids whose row gets +0)."""
@@ -266,13 +267,22 @@ def test_masked_rows_are_not_read(route):
     ids_t, grad_t, out, masked_t = to_torch(ids), to_torch(grad), to_torch(main_grad), to_torch(masked)
     problem = ew._check(ids_t, grad_t, out, None)
     cfg = dataclasses.replace(ew._config(problem, path, True, zero_rows=True), **changes)
-    plan = ew._plan_stage(ids_t, problem, cfg)
+    plan = ew._plan_stage(ids_t, problem, cfg, masked=masked_t.view(torch.uint8) if defer else None)
     partials, flags = ew._partials_stage(plan, grad_t, out, problem, cfg, masked=masked_t.view(torch.uint8))
     if cfg.fold_programs == 0:
         ew._long_runs_stage(plan, partials, flags, out, problem, cfg)
     expected = reference.accumulate(ids, grad, main_grad, path=path, masked=masked)
     assert not np.isnan(expected).any()
     assert_bits_equal(to_numpy(out), expected)
+    if path == SORT:  # deferred: no record for a partial of a flagged run whose tokens are all masked
+        core = make_plan(ids, main_grad.shape[0], path=SORT)
+        ends = np.minimum(core.partial_slot + NROWS, core.run_end[core.partial_slot])
+        flagged = core.run_partials[core.partial_run] >= cfg.zero_skip
+        all_masked = np.array([masked[core.sorted_pos[a:b]].all() for a, b in zip(core.partial_slot, ends)])
+        front, _ = plan.record_lists()
+        listed = set(front[:, 0].tolist())
+        assert listed == set(core.partial_slot[(core.run_partials[core.partial_run] > 1) & ~(defer & flagged & all_masked)].tolist())
+        assert (flagged & all_masked).sum() >= 10  # row 0's
 
 
 @cpu_only

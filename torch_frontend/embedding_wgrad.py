@@ -43,9 +43,13 @@ synchronisation:
 5. With accumulate's zero_rows (sort path): partials of more than one row in runs of at least
    ZERO_SKIP_MIN_PARTIALS partials flag whether they are nonzero per H block and, where not,
    store nothing; the folds skip them (_fold). Exact, since a sum from +0 is never -0.
-6. With accumulate's masked (implies zero_rows): the plan is unchanged (masked tokens keep their
-   places in runs, partials and chunks); every load of a grad row is predicated on the token's
-   mask byte (_read_h), so a masked row is taken as +0 and never read, the L2 prefetch included.
+6. With accumulate's masked (implies zero_rows): masked tokens keep their places in runs,
+   partials and chunks, so the sums' order is the dense path's; every load of a grad row is
+   predicated on the token's mask byte (_read_h), so a masked row is taken as +0 and never read,
+   the L2 prefetch included. Sort path: the plan defers the records of runs with flags, and
+   ``_masked_records_kernel`` (after the plan) publishes those of partials with a token not
+   masked; a partial of masked tokens only gets no item at all, only 0 flags and its arrivals
+   (Megatron's row 0 at TP = 8: thousands of such partials).
 
 No atomics touch floating-point data: every sum's order is PyTorch's. The atomics count
 integers (records, the long-run list, arrivals), whose order changes no bit. Rounding to bf16
@@ -201,6 +205,10 @@ FOLDERS_MAX_TOKENS = 2 * FOLD_ROLE_MAX_TOKENS
 
 #: A long run's partials past its last full batch are folded FOLD_TAIL at a time (_fold).
 FOLD_TAIL = tl.constexpr(4)
+
+#: Slots per _masked_records_kernel program (accumulate's masked): each loads the positions and mask
+#: bytes of its partials' slots at once, [MASKED_RECORDS_BLOCK, 16] lanes.
+MASKED_RECORDS_BLOCK = 256
 
 #: Sort path: partials programs per SM, the last to start, that take one item each: 0.3-0.9 us
 #: off against none at 8192 uniform ids (12 to 36 measured alike; NOTES v10).
@@ -420,7 +428,7 @@ def _wait_for(counter_ptr, target):
 
 @triton.jit
 def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end, live, group, group_cap, lone_tokens,
-                    SPAN: tl.constexpr, GROUP_P2: tl.constexpr, POLICY: tl.constexpr):
+                    SPAN: tl.constexpr, GROUP_P2: tl.constexpr, POLICY: tl.constexpr, DEFER: tl.constexpr):
     """Sort path: publish a record (_REC) for each of these slots that starts a partial, and list the long runs.
 
     Partials of long runs (more than SPAN slots) go to the front of the record list, the others
@@ -429,8 +437,12 @@ def _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end
     `group` place theirs in program order in the group's lists instead (_ordered_bases), which
     the partials kernel takes first. No record for a token of a run of one at a position below
     lone_tokens: the partials kernel adds those before its wait on the plan (_lone_tokens).
+    DEFER > 0 (accumulate's masked): no record for a partial of a run of DEFER partials or more;
+    _masked_records_kernel publishes those whose tokens are not all masked.
     """
     starts = live & (key >= 0) & ((slot - run_start) % SPAN == 0) & ((run_end - run_start != 1) | (pos >= lone_tokens))
+    if DEFER > 0:
+        starts = starts & (run_end - run_start <= (DEFER - 1) * SPAN)
     long = run_end - run_start > SPAN
     front = (starts & long).to(tl.int32)
     back = (starts & ~long).to(tl.int32)
@@ -570,6 +582,7 @@ def _merge_rank_kernel(
     PDL: tl.constexpr,  # launched with programmatic dependent launch
     COUNT_AGGREGATE: tl.constexpr,  # COUNT: one atomic per group of equal keys (_count_ids)
     PLAN_POLICY: tl.constexpr,  # L2 eviction policy of the sorted positions' and records' stores: "evict_last" or "" (none)
+    DEFER: tl.constexpr,  # > 0: runs of this many partials or more get their records later (_masked_records_kernel)
 ):
     """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
 
@@ -625,7 +638,7 @@ def _merge_rank_kernel(
     tl.store(ws_ptr + _RUN_START * n + slot, run_start, mask=live)
     tl.store(ws_ptr + _RUN_END * n + slot, run_end, mask=live)
     _append_records(ws_ptr, n, max_long_runs, slot, key, pos, run_start, run_end, live, group, group * BLOCK_U, lone_tokens, SPAN,
-                    GROUP_P2, PLAN_POLICY)
+                    GROUP_P2, PLAN_POLICY, DEFER)
 
 
 @triton.jit
@@ -718,6 +731,7 @@ def _runs_kernel(
     BLOCK: tl.constexpr,  # slots per program
     SPAN: tl.constexpr,  # NROWS
     PDL: tl.constexpr,  # launched with programmatic dependent launch
+    DEFER: tl.constexpr,  # > 0: runs of this many partials or more get their records later (_masked_records_kernel)
 ):
     """Sort path after torch.sort: every slot's run start and end by binary search in the sorted keys, and the records."""
     _pdl_enter(PDL)
@@ -740,7 +754,73 @@ def _runs_kernel(
     tl.store(ws_ptr + _RUN_START * n + s, lo, mask=live)
     tl.store(ws_ptr + _RUN_END * n + s, lo_end, mask=live)
     pos = tl.load(ws_ptr + _POS * n + s, mask=live, other=0)
-    _append_records(ws_ptr, n, max_long_runs, s, key, pos, lo, lo_end, live, 0, 0, 0, SPAN, 1, "")
+    _append_records(ws_ptr, n, max_long_runs, s, key, pos, lo, lo_end, live, 0, 0, 0, SPAN, 1, "", DEFER)
+
+
+@triton.jit
+def _masked_records_kernel(
+    ws_ptr,  # int32 workspace: the plan (sorted positions, run starts and ends); records, arrivals out
+    masked_ptr,  # uint8 [n] in position order, nonzero where the token's grad row is taken as +0
+    flags_ptr,  # int32 [partial_buffer_rows, num_hb] out: 0 for each partial of masked tokens only (_partial writes the others')
+    n,  # number of tokens
+    max_long_runs,  # entries of the long-run list
+    num_hb,  # H blocks of _partials_kernel
+    BLOCK: tl.constexpr,  # slots per program
+    SPAN: tl.constexpr,  # NROWS
+    SPAN_P2: tl.constexpr,  # a power of two >= SPAN
+    DEFER: tl.constexpr,  # the plan deferred the records of runs of this many partials or more (the zero skip's SKIP_MIN)
+    POLICY: tl.constexpr,  # L2 eviction policy of the records' stores
+    PDL: tl.constexpr,  # launched with programmatic dependent launch
+):
+    """Sort path with accumulate's masked: the records the plan deferred (_append_records' DEFER).
+
+    On Megatron's vocab-parallel input most tokens are masked and all look up row 0, whose run
+    then has thousands of partials of masked tokens only (2870 at 32768 tokens on a rank of
+    TP = 8). Their sums are +0, so they need no item of the partials kernel: such a partial gets
+    no record, its flags are 0 in every H block (the fold skips it, as any zero partial of a
+    flagged run: exact, since a sum from +0 is never -0), and its arrivals are counted here (the
+    fold waits for all of its run's). A partial with a token not masked gets its front record.
+    Deferred runs have flags: DEFER is the zero skip's SKIP_MIN, at least 2. Each program adds
+    its dropped partials of a run to the run's counter by two atomics, + the running count at
+    the run's last slot in the program, - the count before its first (as _count_ids counts).
+    """
+    _pdl_enter(PDL)
+    s = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = s < n
+    key = tl.load(ws_ptr + _KEYS * n + s, mask=live, other=-1)
+    run_start = tl.load(ws_ptr + _RUN_START * n + s, mask=live, other=0)
+    run_end = tl.load(ws_ptr + _RUN_END * n + s, mask=live, other=0)
+    flagged = live & (key >= 0) & (run_end - run_start > (DEFER - 1) * SPAN)
+    deferred = flagged & ((s - run_start) % SPAN == 0)
+    # The partial's SPAN slots' positions, then their mask bytes: two round trips, all at once.
+    t = tl.arange(0, SPAN_P2)[None, :]
+    take = deferred[:, None] & (t < SPAN) & (s[:, None] + t < run_end[:, None])
+    pos_t = tl.load(ws_ptr + _POS * n + s[:, None] + t, mask=take, other=0)
+    real = tl.max((take & (tl.load(masked_ptr + pos_t, mask=take, other=1) == 0)).to(tl.int32), axis=1) != 0
+    pos = tl.sum(tl.where(t == 0, pos_t, 0), axis=1)
+    # Records of the partials with a token not masked, at the front list's end (one atomic).
+    front = real.to(tl.int32)
+    num_front = tl.sum(front, axis=0)
+    base = tl.atomic_add(ws_ptr + _LONG * n + 1, num_front, mask=num_front > 0)
+    rec = ws_ptr + _REC * n + (base + tl.cumsum(front, axis=0) - front) * _REC_FIELDS
+    tl.store(rec, s, mask=real, eviction_policy=POLICY)
+    tl.store(rec + 1, key, mask=real, eviction_policy=POLICY)
+    tl.store(rec + 2, pos, mask=real, eviction_policy=POLICY)
+    tl.store(rec + 3, run_start, mask=real, eviction_policy=POLICY)
+    tl.store(rec + 4, run_end, mask=real, eviction_policy=POLICY)
+    # The others: flags 0, arrivals counted.
+    dropped = deferred & ~real
+    row = _partial_row(run_start, (s - run_start) // SPAN, False, SPAN).to(tl.int64) * num_hb
+    for hb in range(num_hb):
+        tl.store(flags_ptr + row + hb, 0, mask=dropped)
+    d = dropped.to(tl.int32)
+    count = tl.cumsum(d, axis=0)  # dropped partials of this program up to this slot
+    lo = tl.program_id(0) * BLOCK
+    first = flagged & ((s == run_start) | (s == lo))
+    last = flagged & ((s + 1 == run_end) | (s == lo + BLOCK - 1))
+    arrivals = _arrivals(ws_ptr, n, max_long_runs) + run_start
+    tl.atomic_add(arrivals, count * num_hb, mask=last & (count != 0))
+    tl.atomic_add(arrivals, (d - count) * num_hb, mask=first & (count != d))
 
 
 @triton.jit
@@ -1559,6 +1639,7 @@ class _Plan:
     ids: torch.Tensor | None = None  # merge sort with lone tokens: the token ids, and
     counts: torch.Tensor | None = None  # each id's tokens (int32 [V])
     lone_tokens: int = 0  # lone tokens of positions [0, this) have no record (_lone_tokens adds them)
+    deferred: int = 0  # masked: runs of this many partials or more have no records yet (_masked_records_kernel publishes them)
 
     @property
     def count_programs(self) -> int:
@@ -1593,10 +1674,14 @@ def _group_records_start(n: int, max_long_runs: int) -> int:
     return _WORKSPACE_ARRAYS * n + _HEADER.value + 2 * max_long_runs + n
 
 
-def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
-    """Stages 1 and 2: sort the tokens by key and find every slot's run start and end."""
+def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None, masked=None) -> _Plan:
+    """Stages 1 and 2: sort the tokens by key and find every slot's run start and end.
+
+    masked (accumulate's, sort path with the zero skip): the records of runs with flags are
+    deferred to _partials_stage, which needs the same masked then (_masked_records_kernel)."""
     launch = launch or _Launcher()
     n = problem.num_tokens
+    defer = cfg.zero_skip if masked is not None and cfg.sort != "rank" else 0
     group = min(cfg.first_tokens // cfg.merge_u, _HEADER.value - _STATUS0.value) if cfg.sort == "merge" else 0
     group_cap = group * cfg.merge_u
     ws = launch.empty(_group_records_start(n, cfg.max_long_runs) + 2 * group_cap * _REC_FIELDS.value, dtype=torch.int32, device=ids.device)
@@ -1604,7 +1689,7 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
     if cfg.sort == "merge":
         lone = min(n, cfg.lone_tokens)
         counts = launch.empty(problem.num_embeddings, dtype=torch.int32, device=ids.device) if lone else None  # zeroed where read
-        plan = _Plan(ws, n, cfg.max_long_runs, group_cap, ids if lone else None, counts, lone)
+        plan = _Plan(ws, n, cfg.max_long_runs, group_cap, ids if lone else None, counts, lone, defer)
         merge_programs = triton.cdiv(n, cfg.merge_u)
         block_i = min(cfg.merge_block, cfg.merge_block_i)
         window = cfg.merge_window if 0 < cfg.merge_window < cfg.merge_block else 0
@@ -1637,9 +1722,10 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
             COUNT=counts is not None,
             COUNT_AGGREGATE=cfg.count_aggregate,
             PLAN_POLICY="evict_last" if cfg.plan_evict_last else "",
+            DEFER=defer,
         )
         return plan
-    plan = _Plan(ws, n, cfg.max_long_runs, group_cap)
+    plan = _Plan(ws, n, cfg.max_long_runs, group_cap, deferred=defer)
     if cfg.sort == "rank":
         if cfg.block_i % CHUNK or cfg.block_j % CHUNK:
             raise ValueError(f"rank tiles ({cfg.block_i=}, {cfg.block_j=}) must be multiples of {CHUNK}")
@@ -1652,7 +1738,8 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None) -> _Plan:
         plan.sorted_keys.copy_(keys)
         plan.sorted_pos.copy_(order)
         ws[_LONG.value * n : _LONG.value * n + _HEADER.value].zero_()  # the counters, before the runs kernel appends records
-    launch(_runs_kernel, (triton.cdiv(n, cfg.runs_block),), (ws, n, n.bit_length(), cfg.max_long_runs), 4, pdl=cfg.pdl, BLOCK=cfg.runs_block, SPAN=NROWS)
+    launch(_runs_kernel, (triton.cdiv(n, cfg.runs_block),), (ws, n, n.bit_length(), cfg.max_long_runs), 4, pdl=cfg.pdl, BLOCK=cfg.runs_block, SPAN=NROWS,
+           DEFER=defer)
     return plan
 
 
@@ -1692,6 +1779,13 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
     partials = launch.empty(partial_buffer_rows(n, cfg.path), hidden, dtype=torch.int16 if cfg.bf16_scratch else torch.float32,
                             device=main_grad.device)
     flags = _flags(partials, cfg, launch)
+    if plan.deferred:
+        if masked is None or cfg.zero_skip != plan.deferred or cfg.path == FEATURE:
+            raise ValueError(f"a plan made with masked needs the same masked and zero_skip ({plan.deferred}), got "
+                             f"masked={masked is not None} and zero_skip={cfg.zero_skip} on the {cfg.path} path")
+        launch(_masked_records_kernel, (triton.cdiv(n, MASKED_RECORDS_BLOCK),),
+               (plan.workspace, masked, flags, n, cfg.max_long_runs, triton.cdiv(hidden, cfg.block_h)), 4, pdl=cfg.pdl,
+               BLOCK=MASKED_RECORDS_BLOCK, SPAN=NROWS, SPAN_P2=triton.next_power_of_2(NROWS), DEFER=plan.deferred, POLICY="evict_last" if cfg.plan_evict_last and cfg.sort == "merge" else "")
     items = n * triton.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
     folders = cfg.fold_programs
     programs = items if cfg.path == FEATURE else min(items, cfg.partial_programs) + folders
@@ -1777,7 +1871,7 @@ def _launch(ids, grad, main_grad, problem: Problem, path: str, zero_rows: bool =
     if copy_grad:  # more than two strided position dimensions: one copy (here, so that a replay knows)
         grad = grad.contiguous()
     launch = _Launcher()
-    plan = _plan_stage(ids, problem, cfg, launch)
+    plan = _plan_stage(ids, problem, cfg, launch, masked)
     partials, flags = _partials_stage(plan, grad, main_grad, problem, cfg, launch, ids, masked)
     if cfg.fold_programs == 0:  # else the partials kernel folded the long runs
         _long_runs_stage(plan, partials, flags, main_grad, problem, cfg, launch)
