@@ -45,7 +45,8 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
    no item, only 0 flags and its arrivals.
 
 No atomics touch floating-point data; the atomics count records, long runs and arrivals, whose
-order changes no bit. bf16 rounding is integer bit operations (as in the torch kernels), so both
+order changes no bit. Every atomic here is scalar: on the H200 with jax 0.11.2 a vector
+plgpu.atomic_add added nothing (benchmarks/probe_atomic_jax.py, NOTES v51). bf16 rounding is integer bit operations (as in the torch kernels), so both
 frontends round by the same formula whatever a lowering does with fp32 -> bf16.
 
 JAX specifics:
@@ -607,15 +608,14 @@ def _masked_records_kernel(
     num_hb: int,  # H blocks of the partials kernel
     defer: int,  # the plan deferred the records of runs of this many partials or more (the zero skip's skip_min, >= 2)
     policy: str | None,  # L2 eviction policy of the records' stores
-    interpret: bool,
 ):
     """Sort path with accumulate's masked: the records the plan deferred (as the torch twin).
 
     A partial of a deferred run (a run with flags) whose tokens are all masked sums to +0: it
     gets no record, its flags are 0 in every H block (the folds skip it) and its arrivals are
     counted here, since the folders wait for all of its run's. The others get their front
-    records. Each program adds its dropped partials of a run to the run's counter by two atomics,
-    + the running count at the run's last slot in the program, - the count before its first.
+    records. Each program adds its dropped partials of a run to the run's counter by one scalar
+    atomic a run (the torch twin uses two vector atomics, which add nothing here: see below).
     """
     del counts_in_ref, records_in_ref, arrivals_in_ref
     s0 = pl.program_id(0) * block
@@ -628,13 +628,13 @@ def _masked_records_kernel(
     flagged = live & (key >= 0) & (run_end - run_start > (defer - 1) * NROWS)
     deferred = flagged & ((s - run_start) % NROWS == 0)
     # The partial's slots' positions, then their mask bytes: two round trips, all at once
-    # ([span, block] lanes, slots along the last axis, as the merge's searches).
-    t = lax.iota(jnp.int32, 1 << (NROWS - 1).bit_length())[:, None]
-    take = deferred[None, :] & (t < NROWS) & (s[None, :] + t < run_end[None, :])
-    pos_t = plgpu.load(sorted_pos_ref.at[jnp.where(take, s[None, :] + t, 0)], mask=take, other=0)  # (masked lanes need an address)
+    # ([block, span] lanes, the slots along the last axis, as the torch twin).
+    t = lax.iota(jnp.int32, 1 << (NROWS - 1).bit_length())[None, :]
+    take = deferred[:, None] & (t < NROWS) & (s[:, None] + t < run_end[:, None])
+    pos_t = plgpu.load(sorted_pos_ref.at[jnp.where(take, s[:, None] + t, 0)], mask=take, other=0)  # (masked lanes need an address)
     real_t = take & (plgpu.load(masked_ref.at[pos_t], mask=take, other=1) == 0)
-    real = jnp.max(real_t.astype(jnp.int32), axis=0) != 0
-    pos = jnp.sum(jnp.where(t == 0, pos_t, 0), axis=0, dtype=jnp.int32)
+    real = jnp.max(real_t.astype(jnp.int32), axis=1) != 0
+    pos = jnp.sum(jnp.where(t == 0, pos_t, 0), axis=1, dtype=jnp.int32)
     index = jnp.where(real, _appended(counts_ref, real, _FRONT), n + lane)  # the others past the end (see _rank_kernel)
     for field, value in enumerate((s, key, pos, run_start, run_end)):
         plgpu.store(records_ref.at[index * REC_FIELDS + field], value, mask=real, eviction_policy=policy)
@@ -647,13 +647,20 @@ def _masked_records_kernel(
         return carry
 
     lax.fori_loop(0, num_hb, zero_flag, None)
-    d = dropped.astype(jnp.int32)
-    count = jnp.cumsum(d)  # this program's dropped partials up to this slot
-    first = flagged & ((s == run_start) | (s == s0)) & (count != d)
-    last = flagged & ((s + 1 == run_end) | (s == s0 + block - 1)) & (count != 0)
-    # One lane per run in each call. Interpret mode has no masked atomic, and drops the updates past the end.
-    for lanes, value in ((last, count), (first, d - count)):
-        plgpu.atomic_add(arrivals_ref, jnp.where(lanes, run_start, n + lane), value * num_hb, mask=None if interpret else lanes)
+    # Each run with flags that meets this program adds its dropped partials here to its arrivals, by
+    # one scalar atomic a run: on the H200 (jax 0.11.2, Triton 3.6) a vector plgpu.atomic_add added
+    # nothing, masked or not (NOTES v51). A run with flags spans more than a program's slots on a
+    # GPU (defer = ZERO_SKIP_MIN_PARTIALS), so the loop takes one or two turns there.
+    starts = flagged & ((s == run_start) | (s == s0))
+    segment = jnp.cumsum(starts.astype(jnp.int32)) - 1
+
+    def arrive(k, carry):
+        mine = flagged & (segment == k)
+        value = jnp.sum(jnp.where(mine, dropped.astype(jnp.int32), 0), dtype=jnp.int32) * num_hb
+        plgpu.atomic_add(arrivals_ref, jnp.max(jnp.where(mine, run_start, 0)), value)
+        return carry
+
+    lax.fori_loop(0, jnp.sum(starts.astype(jnp.int32), dtype=jnp.int32), arrive, None)
 
 
 def _partials_kernel(
@@ -1488,7 +1495,6 @@ def _masked_records(plan, counts, records, arrivals, masked, problem: Problem, c
         num_hb=num_hb,
         defer=defer,
         policy="evict_last" if cfg.plan_evict_last and cfg.sort == MERGE else None,
-        interpret=cfg.interpret,
     )(sorted_keys, sorted_pos, run_start, run_end, masked, counts, records, arrivals)
 
 
