@@ -54,6 +54,9 @@ VARIANTS = {
     "default 2": (),
     # v29: zero partials (Megatron's masked tokens) skipped by the folds: off, more flags a block, more runs flagged
     "skip off": (("zero_skip", 0),),
+    # v50: masked without the deferred records (v49's plan: every partial of row 0's run an item)
+    "no masked defer": (("masked_defer", False),),
+    "no masked defer 2": (("masked_defer", False),),
     "skip block 256": (("skip_block", 256),),
     "skip block 128": (("skip_block", 128),),
     "skip min 32": (("zero_skip", 32),),

@@ -14,6 +14,7 @@ variant "skip off" is a call without it), against the dense path on the shard's 
     python benchmarks/probe_tp.py --bound            (zero_rows against masked, and the other ranks' tokens dropped)
     python benchmarks/probe_tp.py --jax [variants]   (the JAX frontend, chains of donated calls; probe_jax.VARIANTS)
     python benchmarks/probe_tp.py --jax --bound      (--bound through the JAX frontend)
+    python benchmarks/probe_tp.py --jax --masked [variants]   (those variants with masked=input_mask)
 """
 
 import dataclasses
@@ -116,7 +117,7 @@ def run_stages():
                   f"whole call {t_call * 1e3:.1f}", flush=True)
 
 
-def run_jax(names):
+def run_jax(names, with_mask=False):
     import jax.numpy as jnp
     from bench_jax import chain_ms
     from probe_jax import VARIANTS
@@ -131,14 +132,18 @@ def run_jax(names):
         rng = np.random.default_rng(n)
         grad_np = (rng.standard_normal((n, REAL_H), dtype=np.float32) * inside[:, None]).astype(jnp.bfloat16)
         ids, grad = jnp.asarray(local.astype(np.int32)), jnp.asarray(grad_np)
+        masked = jnp.asarray(~inside) if with_mask else None
+        # With masked, the call as accumulate makes it (one command buffer): ew._accumulate launches
+        # its kernels one by one below five (convert, block sort, merge, partials without the deferral).
+        call = ew._accumulate_alone if with_mask else ew._accumulate
         touched = np.unique(local)
         mg0 = rng.standard_normal((shard, REAL_H), dtype=np.float32)
         want = reference.accumulate(local, grad_np, mg0)[touched]
         for name in names:
             o = VARIANTS[name]
-            got = np.asarray(ew._accumulate(ids, grad, jnp.asarray(mg0), zero_rows=True, overrides=o))[touched]
+            got = np.asarray(call(ids, grad, jnp.asarray(mg0), masked, zero_rows=True, overrides=o))[touched]
             ok = np.array_equal(got.view(np.int32), want.view(np.int32))
-            ms, _ = chain_ms(lambda mg, o=o: ew._accumulate(ids, grad, mg, zero_rows=True, overrides=o), jnp.asarray(mg0))
+            ms, _ = chain_ms(lambda mg, o=o: call(ids, grad, mg, masked, zero_rows=True, overrides=o), jnp.asarray(mg0))
             results[(n, f"TP{tp}", name)] = (ms * 1e3, ok)
             print(f"JAX n={n} TP={tp} {name}: {ms * 1e3:.1f} us {'exact' if ok else 'DIFFERENT'}", flush=True)
     print_variant_table("JAX variant (us)", [(n, f"TP{tp}") for n, tp in pts], names, results, "DIFFERENT")
@@ -204,7 +209,7 @@ if __name__ == "__main__":
     if "--jax" in sys.argv and "--bound" in sys.argv:
         run_bound_jax()
     elif "--jax" in sys.argv:
-        run_jax(args[0].split(",") if args else ["default"])
+        run_jax(args[0].split(",") if args else ["default"], with_mask="--masked" in sys.argv)
     elif "--bound" in sys.argv:
         run_bound()
     elif "--stages" in sys.argv:

@@ -1114,6 +1114,7 @@ class _Config:
     plan_evict_last: bool = False  # merge sort: the sorted positions and records kept in L2 (PLAN_EVICT_LAST)
     rows_ahead: int = 0  # merge sort: extra merge-kernel programs read the rows of positions [0, this) into L2 (ROWS_AHEAD)
     rows_ahead_per: int = ROWS_AHEAD_PIECES  # (position, H block) pieces per such program
+    masked_defer: bool = True  # sort path with masked: the records of runs with flags wait for _masked_records (False: v49's plan)
     # Inside jax.shard_map: the ShapeDtypeStruct keyword that makes every kernel's outputs vary
     # over main_grad's manual mesh axes, as (name, value) (_mesh_axes); () outside.
     vary: tuple = ()
@@ -1596,7 +1597,7 @@ def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config, masked=Non
     """All stages on ids [n] (flattened) and grad [n, H] into main_grad [V, H] (aliased); masked: int8 [n] or None."""
     partial_ord = None
     # Sort path with masked and the zero skip: the records of runs with flags wait for _masked_records.
-    defer = cfg.zero_skip if masked is not None and cfg.path != FEATURE else 0
+    defer = cfg.zero_skip if masked is not None and cfg.path != FEATURE and cfg.masked_defer else 0
     if cfg.sort == MERGE:
         sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals, main_grad = _merge_sort(ids, grad, main_grad,
                                                                                                                    masked, problem, cfg, defer)
