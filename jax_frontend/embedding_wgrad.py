@@ -46,8 +46,9 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
 
 No atomics touch floating-point data; the atomics count records, long runs and arrivals, whose
 order changes no bit. Every atomic here is scalar: on the H200 with jax 0.11.2 a vector
-plgpu.atomic_add added nothing (benchmarks/probe_atomic_jax.py, NOTES v51). bf16 rounding is integer bit operations (as in the torch kernels), so both
-frontends round by the same formula whatever a lowering does with fp32 -> bf16.
+plgpu.atomic_add added nothing (benchmarks/probe_atomic_jax.py, NOTES v51). bf16 rounding is
+integer bit operations (as in the torch kernels), so both frontends round by the same formula
+whatever a lowering does with fp32 -> bf16.
 
 JAX specifics:
 
