@@ -24,6 +24,17 @@ VARIANTS = {
     "skip off": dict(zero_skip=0),
     "skip block 256": dict(skip_block=256),
     "skip block 128": dict(skip_block=128),
+    "skip block 512": dict(skip_block=512),
+    "skip block 1024": dict(skip_block=1024),
+    "skip block 2048": dict(skip_block=2048),
+    # session 53: masked's plan and records, but the partials kernel without the mask's bytes (it
+    # reads the masked rows; exact only where they are zero, as on Megatron's input)
+    "masked reads off": dict(masked_reads=False),
+    # session 53: a fold reads its flags skip_wide blocks at a time, first only until a block with
+    # a 0, and gathers a block's nonzero partials from its flags (_fold_nonzero)
+    "wide 1": dict(skip_wide=1),
+    "wide 4": dict(skip_wide=4),
+    "wide 8": dict(skip_wide=8),
     "skip min 32": dict(zero_skip=32),
     # v27: a long run's fold is a chain of loads in batches: narrower columns, more partials in flight
     "fold 64x64": dict(fold_h=64, fold_batch=64),

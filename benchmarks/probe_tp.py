@@ -14,6 +14,8 @@ variant "skip off" is a call without it), against the dense path on the shard's 
     python benchmarks/probe_tp.py --bound            (zero_rows against masked, and the other ranks' tokens dropped)
     python benchmarks/probe_tp.py --jax [variants]   (the JAX frontend, chains of donated calls; probe_jax.VARIANTS)
     python benchmarks/probe_tp.py --jax --bound      (--bound through the JAX frontend)
+    python benchmarks/probe_tp.py --masked [variants]         (torch, those variants with masked=input_mask)
+    python benchmarks/probe_tp.py --stages [--masked]         (torch, each stage alone in its own graph)
     python benchmarks/probe_tp.py --jax --masked [variants]   (those variants with masked=input_mask)
 """
 
@@ -59,7 +61,8 @@ def points():
     return [(int(p.split(":")[0]), int(p.split(":")[1])) for p in spec.split(",")]
 
 
-def run_torch(names):
+def run_torch(names, with_mask=False):
+    import torch
     from bench_torch import config_overrides, copy_bandwidth, dense, dense_expected, graph_ms, same_bits
     from probe_calls import VARIANTS
 
@@ -71,6 +74,7 @@ def run_torch(names):
     for n, tp in pts:
         ids, grad, main_grad, local, inside = torch_inputs(n, tp)
         expected = dense_expected(ids, grad, main_grad)
+        kw = dict(masked=torch.from_numpy(~inside).cuda()) if with_mask else dict(zero_rows=True)
         top = np.bincount(local).max()
         print(f"n={n} TP={tp}: {inside.sum()} tokens in the shard, {np.unique(local).size} rows, longest run {top}", flush=True)
         results[(n, tp, "floor")] = (floor_bytes(local, REAL_H) / bw, True)
@@ -79,41 +83,56 @@ def run_torch(names):
         for name in names:
             with config_overrides(**VARIANTS[name]):
                 out = main_grad.clone()
-                torch_frontend.accumulate(ids, grad, out, zero_rows=True)
+                torch_frontend.accumulate(ids, grad, out, **kw)
                 ok = same_bits(out, expected)
-                results[(n, tp, name)] = (graph_ms(lambda: torch_frontend.accumulate(ids, grad, out, zero_rows=True)) * 1e3, ok)
+                results[(n, tp, name)] = (graph_ms(lambda: torch_frontend.accumulate(ids, grad, out, **kw)) * 1e3, ok)
             print(f"  {name}: {results[(n, tp, name)][0]:.1f} us{'' if ok else ' DIFFERENT'}", flush=True)
         results[(n, tp, "floor")] = (results[(n, tp, "floor")][0] * 1e3, True)
         results[(n, tp, "dense")] = (results[(n, tp, "dense")][0] * 1e3, True)
-    print(f"\ncopy {bw / 1e9:.2f} TB/s; torch CUDA graph, us; rank {RANK} of TP, Zipf(1.1) ids over V = {REAL_V}")
+    kind = ", masked" if with_mask else ""
+    print(f"\ncopy {bw / 1e9:.2f} TB/s; torch CUDA graph, us{kind}; rank {RANK} of TP, Zipf(1.1) ids over V = {REAL_V}")
     print_variant_table("variant", [(n, f"TP{tp}") for n, tp in pts], ["floor", "dense", *names],
                         {(n, f"TP{tp}", k): v for (n, tp, k), v in results.items()}, "DIFFERENT")
 
 
-def run_stages():
+def run_stages(with_mask=False):
     """Each stage alone in its own CUDA graph (no PDL between them), the long runs folded by the
-    long-run kernel (fold_programs 0): plan, partials (without folds), folds; then the whole call."""
+    long-run kernel (fold_programs 0): plan, partials (without folds; with masked, after the masked
+    records kernel), folds; then the whole call."""
+    import torch
     from bench_torch import config_overrides, graph_ms
 
     import torch_frontend
     from torch_frontend import embedding_wgrad as ew
 
     for n, tp in points():
-        ids, grad, main_grad, _, _ = torch_inputs(n, tp)
+        ids, grad, main_grad, _, inside = torch_inputs(n, tp)
+        flat = torch.from_numpy(~inside).cuda().view(torch.uint8) if with_mask else None
+        kw = dict(masked=flat.view(torch.bool)) if with_mask else dict(zero_rows=True)
+        kind = " masked" if with_mask else ""
         for fields in ({"fold_programs": 0}, {"fold_programs": 0, "long_block_h": 32, "long_batch": 128}):
             with config_overrides(**fields):
                 problem = ew._check(ids, grad, main_grad, None)
                 cfg = ew._config(problem, ew.torch_path(n), False, *ew._device_traits(0), zero_rows=True)
                 cfg = dataclasses.replace(cfg, pdl=False)
-                plan = ew._plan_stage(ids, problem, cfg)
-                partials, flags = ew._partials_stage(plan, grad, main_grad, problem, cfg, ids=ids)
+                plan = ew._plan_stage(ids, problem, cfg, masked=flat)
+                partials, flags = ew._partials_stage(plan, grad, main_grad, problem, cfg, ids=ids, masked=flat)
                 ew._long_runs_stage(plan, partials, flags, main_grad, problem, cfg)
-                t_plan = graph_ms(lambda: ew._plan_stage(ids, problem, cfg))
-                plan = ew._plan_stage(ids, problem, cfg)
-                t_part = graph_ms(lambda: ew._partials_stage(plan, grad, main_grad, problem, cfg, ids=ids))
+                t_plan = graph_ms(lambda: ew._plan_stage(ids, problem, cfg, masked=flat))
+                plan = ew._plan_stage(ids, problem, cfg, masked=flat)
+                # The stage moves the plan's counters (arrivals; with masked, the records' count
+                # too), so each repetition starts from a copy of the plan, timed alone and taken off.
+                saved = plan.workspace.clone()
+                t_copy = graph_ms(lambda: plan.workspace.copy_(saved))
+
+                def partials_stage():
+                    plan.workspace.copy_(saved)
+                    ew._partials_stage(plan, grad, main_grad, problem, cfg, ids=ids, masked=flat)
+
+                t_part = graph_ms(partials_stage) - t_copy
                 t_fold = graph_ms(lambda: ew._long_runs_stage(plan, partials, flags, main_grad, problem, cfg))
-                t_call = graph_ms(lambda: torch_frontend.accumulate(ids, grad, main_grad, zero_rows=True))
-            print(f"n={n} TP={tp} {fields}: plan {t_plan * 1e3:.1f} us, partials {t_part * 1e3:.1f}, folds {t_fold * 1e3:.1f}, "
+                t_call = graph_ms(lambda: torch_frontend.accumulate(ids, grad, main_grad, **kw))
+            print(f"n={n} TP={tp}{kind} {fields}: plan {t_plan * 1e3:.1f} us, partials {t_part * 1e3:.1f}, folds {t_fold * 1e3:.1f}, "
                   f"whole call {t_call * 1e3:.1f}", flush=True)
 
 
@@ -213,6 +232,6 @@ if __name__ == "__main__":
     elif "--bound" in sys.argv:
         run_bound()
     elif "--stages" in sys.argv:
-        run_stages()
+        run_stages(with_mask="--masked" in sys.argv)
     else:
-        run_torch(args[0].split(",") if args else list(DEFAULT_VARIANTS))
+        run_torch(args[0].split(",") if args else list(DEFAULT_VARIANTS), with_mask="--masked" in sys.argv)

@@ -79,6 +79,18 @@ ZERO_SKIP_MIN_PARTIALS = 128
 #: / 65.9 and 222.6 / 214.2 / 209.1 us, JAX 70.7 / 73.3 / 65.0 and 200.3 / 192.5 / 192.9.
 ZERO_SKIP_BLOCK = 256
 
+#: Blocks of ZERO_SKIP_BLOCK flags a fold checks at once for zeros (one vector load): first only
+#: until a block with a 0 turns up (Megatron's row 0 run: its first), then to skip the wide blocks
+#: of zeros; in the others each block's nonzero partials are found in its flags' vector and
+#: loaded a batch at once. (Session 29's form read every block's flags twice, 256 at a time, and
+#: each partial's flag of a block with a nonzero one: a chain of round trips, 12-23 blocks long at
+#: 32768-65536 tokens on a rank of TP 8.) H200, rank 1 of TP 8 at 32768 / 65536 tokens, session
+#: 29's form against 1 / 4 / 8 blocks (NOTES v53), us: torch masked 107.8 / 92.8 / 93.9 / 94.4 and
+#: 173.5 / 165.4 / 161.5 / 159.2, zero_rows 200.0 / 184.2 / 186.5 / 188.1 and 363.9 / 352.0 / 349.6 /
+#: 349.5; JAX masked 112.8 / 98.5 / 98.6 / 102.3 at 32768, zero_rows 191.9 / 176.1 / 177.2 / 180.3 and
+#: 342.7 / 330.9 / 325.9 (8 not reached); 8192 and 16384 tokens unchanged (3-6 blocks).
+ZERO_SKIP_WIDE = 4
+
 #: Merge sort, both frontends: the rows of the first positions are read into L2 ahead of their
 #: items, with L2 priority evict_last (torch: prefetched by the partials kernel during the plan,
 #: FIRST_TOKENS and PREFETCH_EVICT_LAST there; JAX: read by extra merge-kernel programs, ROWS_AHEAD).

@@ -101,6 +101,7 @@ from embwgrad_core import (
     SORT,
     ZERO_SKIP_BLOCK,
     ZERO_SKIP_MIN_PARTIALS,
+    ZERO_SKIP_WIDE,
     key_packing,
     merge_block,
     merge_tiles,
@@ -702,6 +703,7 @@ def _partials_kernel(
     interpret: bool,  # Pallas interpret mode: programs run in order, one at a time (no barrier, no waiting)
     skip_min: int,  # sort path: runs of this many partials or more flag and skip their zero partials (_fold; 0: none)
     skip_block: int,  # flags a fold reads at once
+    skip_wide: int,  # blocks of flags a fold checks at once (ZERO_SKIP_WIDE)
     plan_policy: str | None,  # sort path: L2 eviction policy of the other positions' loads (PLAN_EVICT_LAST), or None
     masked: bool,  # accumulate's masked: rows of masked positions are not loaded (their +0 changes no sum)
 ):
@@ -869,7 +871,8 @@ def _partials_kernel(
             fold = functools.partial(_fold_item, long_runs_ref, sorted_keys_ref, partials_ref, main_grad_ref, arrivals_ref, flags_ref,
                                      hidden=hidden, chunks=chunks, partial_hb=num_hb, block_h=block_h, grad_dtype=grad_dtype,
                                      main_grad_dtype=main_grad_dtype, fold_h=fold_h, batch=fold_batch, ahead=fold_ahead, fid=p - fold_lo,
-                                     folders=folders, wait=not interpret, skip_min=skip_min, skip_block=skip_block)
+                                     folders=folders, wait=not interpret, skip_min=skip_min, skip_block=skip_block,
+                                     skip_wide=skip_wide)
             lax.fori_loop(0, (counts_ref[_LISTED] * chunks - (p - fold_lo) + folders - 1) // folders, fold, None)
 
         programs -= folders
@@ -919,7 +922,8 @@ def _item_range(q, folder, items, programs, tail: int):
 
 
 def _fold(partials_ref, run_start, num_partials, h0, width: int, live_h, *, path: str, grad_dtype: str, batch: int,
-          ahead: bool = False, flags_ref=None, flag_hb=0, partial_hb: int = 1, skip_min: int = 0, skip_block: int = 1):
+          ahead: bool = False, flags_ref=None, flag_hb=0, partial_hb: int = 1, skip_min: int = 0, skip_block: int = 1,
+          skip_wide: int = 1):
     """A long run's partials over columns [h0, h0 + width), folded in order and rounded to grad's dtype (as fp32).
 
     batch partials' loads are in flight at once, then FOLD_TAIL at a time for the rest; the adds
@@ -932,19 +936,22 @@ def _fold(partials_ref, run_start, num_partials, h0, width: int, live_h, *, path
     batch - 1 steps. The same sum either way.
     skip_min > 0 (sort path, as the torch twin): a run of at least skip_min partials has a flag per
     partial and H block of the partials kernel at flags_ref[partial_row * partial_hb + flag_hb]
-    (0: all +0 there, and not stored), read skip_block at a time. If none is 0 the run is summed
-    as without flags; else a block of zeros adds nothing (the sum is never -0, so adding +0
-    leaves it) and the other blocks' zero partials are not loaded (ZERO_SKIP_MIN_PARTIALS).
+    (0: all +0 there, and not stored). If none is 0 the run is summed as without flags; else zero
+    partials add nothing (the sum is never -0, so adding +0 leaves it) and are not loaded
+    (ZERO_SKIP_MIN_PARTIALS). The flags are checked skip_wide * skip_block at a time (one vector
+    load; ZERO_SKIP_WIDE), first only until a block with a 0 turns up, then to skip the blocks of
+    zeros; in the others each skip_block's nonzero partials are found in its flags' vector (the
+    u-th is the one whose rank among them is u) and loaded batch at a time (nonzero), so a block
+    of one nonzero partial costs one round trip, not skip_block / batch.
     """
     feature = path == FEATURE
 
-    def load(k0, size, k_end, flagged):  # partials [k0, k0 + size), those from k_end on as the last before it
+    def load(k0, size, k_end):  # partials [k0, k0 + size), those from k_end on as the last before it
         parts = []
         for u in range(size):
             k = jnp.minimum(k0 + u, k_end - 1)
             row = partial_row(run_start, k, path).astype(jnp.int32)
-            live = live_h & (flags_ref[row * partial_hb + flag_hb] != 0) if flagged else live_h
-            parts.append(_from_scratch(plgpu.load(partials_ref.at[row, pl.ds(h0, width)], mask=live, other=0)))
+            parts.append(_from_scratch(plgpu.load(partials_ref.at[row, pl.ds(h0, width)], mask=live_h, other=0)))
         return tuple(parts)
 
     def add(k0, parts, acc, k_end):  # those from k_end on dropped
@@ -956,53 +963,83 @@ def _fold(partials_ref, run_start, num_partials, h0, width: int, live_h, *, path
                 acc = jnp.where(take, acc + part, acc)
         return acc
 
-    def span(acc, k_lo, k_end, flagged, ahead):  # acc with partials [k_lo, k_end) folded in
+    def span(acc, k_lo, k_end, ahead):  # acc with partials [k_lo, k_end) folded in
         if ahead:
             def step(b, carry):
                 acc, parts = carry
-                following = load(k_lo + (b + 1) * batch, batch, k_end, flagged)  # in flight while this batch is added
+                following = load(k_lo + (b + 1) * batch, batch, k_end)  # in flight while this batch is added
                 return add(k_lo + b * batch, parts, acc, k_end), following
 
-            acc, _ = lax.fori_loop(0, (k_end - k_lo + batch - 1) // batch, step, (acc, load(k_lo, batch, k_end, flagged)))
+            acc, _ = lax.fori_loop(0, (k_end - k_lo + batch - 1) // batch, step, (acc, load(k_lo, batch, k_end)))
             return acc
         # Whole batches, then the rest FOLD_TAIL at a time, so a run drops at most FOLD_TAIL - 1
         # steps, not batch - 1 (as the torch twin; NOTES v17 item 8).
         tail = min(FOLD_TAIL, batch)
         full = (k_end - k_lo) // batch
-        acc = lax.fori_loop(0, full, lambda b, acc: add(k_lo + b * batch, load(k_lo + b * batch, batch, k_end, flagged), acc, k_end), acc)
+        acc = lax.fori_loop(0, full, lambda b, acc: add(k_lo + b * batch, load(k_lo + b * batch, batch, k_end), acc, k_end), acc)
         if batch > 1:  # (batch 1, as in interpret mode, leaves no rest: no second loop to compile)
             rest = k_lo + full * batch
             acc = lax.fori_loop(0, (k_end - rest + tail - 1) // tail,
-                                lambda b, acc: add(rest + b * tail, load(rest + b * tail, tail, k_end, flagged), acc, k_end), acc)
+                                lambda b, acc: add(rest + b * tail, load(rest + b * tail, tail, k_end), acc, k_end), acc)
         return acc
 
     zero = jnp.zeros((width,), jnp.float32)
     if skip_min and not feature:
-        def flags_block(k0, past):  # the flags of partials [k0, k0 + skip_block), past the last `past`; one vector load
-            ks = k0 + lax.iota(jnp.int32, skip_block)
+        def flags_block(k0, past, size=skip_block):  # the flags of partials [k0, k0 + size), past the last `past`; one vector load
+            ks = k0 + lax.iota(jnp.int32, size)
             inside = ks < num_partials
             rows = partial_row(run_start, jnp.where(inside, ks, k0), path).astype(jnp.int32)  # masked lanes still need an address
             return plgpu.load(flags_ref.at[rows * partial_hb + flag_hb], mask=inside, other=past)
 
-        def block(b, acc):  # partials [k0, k_end): skipped if all zeros, else each loaded as its flag says
-            k0 = b * skip_block
-            some = jnp.max(flags_block(k0, 0)) != 0
-            return lax.cond(some, lambda acc: span(acc, k0, jnp.minimum(k0 + skip_block, num_partials), True, False), lambda acc: acc, acc)
+        wide = skip_block * skip_wide
 
-        # First the flags' blocks that hold a 0: with none (a long run of nonzero partials, as in
-        # Zipf ids) the run is summed in one span, its loads ahead never restarted (as the torch twin).
-        blocks = (num_partials + skip_block - 1) // skip_block
-        zero_blocks = lax.fori_loop(0, jnp.where(num_partials >= skip_min, blocks, 0),
-                                    lambda b, z: z + (jnp.min(flags_block(b * skip_block, 1)) == 0).astype(jnp.int32), jnp.int32(0))
-        acc = lax.cond(zero_blocks == 0, lambda: span(zero, 0, num_partials, False, ahead), lambda: lax.fori_loop(0, blocks, block, zero))
+        def nonzero(b, acc):  # acc with the nonzero partials of [k0, k0 + skip_block) folded in, in order
+            k0 = b * skip_block
+            ks = k0 + lax.iota(jnp.int32, skip_block)
+            some = flags_block(k0, 0) != 0
+            rank = jnp.cumsum(some.astype(jnp.int32)) - 1
+            count = jnp.sum(some.astype(jnp.int32))
+
+            def group(g, acc):  # the nonzero partials of ranks [g * batch, (g + 1) * batch): loads at once, adds in order
+                parts = []
+                for u in range(batch):
+                    k = jnp.min(jnp.where(some & (rank == g * batch + u), ks, num_partials))  # num_partials: none left
+                    row = partial_row(run_start, jnp.minimum(k, num_partials - 1), path).astype(jnp.int32)
+                    parts.append(_from_scratch(plgpu.load(partials_ref.at[row, pl.ds(h0, width)], mask=live_h & (k < num_partials), other=0)))
+                for part in parts:
+                    acc = acc + part  # +0 past the last: the sum is never -0
+                return acc
+
+            return lax.fori_loop(0, (count + batch - 1) // batch, group, acc)
+
+        def wide_block(w, acc):  # skipped if all zeros, else its blocks' nonzero partials folded
+            some = jnp.max(flags_block(w * wide, 0, wide)) != 0
+            first = w * skip_wide
+            last = jnp.minimum(first + skip_wide, (num_partials + skip_block - 1) // skip_block)
+            return lax.cond(some, lambda acc: lax.fori_loop(first, last, nonzero, acc), lambda acc: acc, acc)
+
+        # First whether a block of flags holds a 0, only until one does (a masked run: its first):
+        # with none (a long run of nonzero partials, as in Zipf ids) the run is summed in one span,
+        # its loads ahead never restarted (as the torch twin).
+        def unchecked(carry):
+            w, z = carry
+            return (num_partials >= skip_min) & (w * wide < num_partials) & (z == 0)
+
+        def check(carry):
+            w, _ = carry
+            return w + 1, (jnp.min(flags_block(w * wide, 1, wide)) == 0).astype(jnp.int32)
+
+        _, zero_blocks = lax.while_loop(unchecked, check, (jnp.int32(0), jnp.int32(0)))
+        folded = lambda: lax.fori_loop(0, (num_partials + wide - 1) // wide, wide_block, zero)  # noqa: E731
+        acc = lax.cond(zero_blocks == 0, lambda: span(zero, 0, num_partials, ahead), folded)
     else:
-        acc = span(zero, 0, num_partials, False, ahead)
+        acc = span(zero, 0, num_partials, ahead)
     return acc if feature else _round(acc, grad_dtype)
 
 
 def _fold_item(long_runs_ref, sorted_keys_ref, partials_ref, main_grad_ref, arrivals_ref, flags_ref, t, carry, *, hidden: int,
                chunks: int, partial_hb: int, block_h: int, grad_dtype: str, main_grad_dtype: str, fold_h: int, batch: int, ahead: bool,
-               fid, folders: int, wait: bool, skip_min: int, skip_block: int):
+               fid, folders: int, wait: bool, skip_min: int, skip_block: int, skip_wide: int):
     """Sort path, a folding program of _partials_kernel: its t-th (long run, fold_h columns) item.
 
     It waits until the run's arrival counter holds all its partials (num_partials *
@@ -1023,7 +1060,8 @@ def _fold_item(long_runs_ref, sorted_keys_ref, partials_ref, main_grad_ref, arri
     if wait:
         lax.while_loop(lambda count: count < num_partials * partial_hb, arrived, arrived(None))
     acc = _fold(partials_ref, run_start, num_partials, h0, fold_h, live_h, path=SORT, grad_dtype=grad_dtype, batch=batch, ahead=ahead,
-                flags_ref=flags_ref, flag_hb=h0 // block_h, partial_hb=partial_hb, skip_min=skip_min, skip_block=skip_block)
+                flags_ref=flags_ref, flag_hb=h0 // block_h, partial_hb=partial_hb, skip_min=skip_min, skip_block=skip_block,
+                skip_wide=skip_wide)
     _add_to_row(main_grad_ref, sorted_keys_ref[run_start], h0, live_h, acc, main_grad_dtype)
     return carry
 
@@ -1049,6 +1087,7 @@ def _long_runs_kernel(
     partial_block_h: int,  # the partials kernel's block_h (a multiple of block_h)
     skip_min: int,  # sort path: runs of this many partials or more skip their zero partials (_fold; 0: none)
     skip_block: int,
+    skip_wide: int,
 ):
     """Fold each listed run's partials in order, round, add to main_grad; programs stride the list."""
     del main_grad_in_ref
@@ -1061,7 +1100,7 @@ def _long_runs_kernel(
         run_start = long_runs_ref[entry, 0]
         acc = _fold(partials_ref, run_start, long_runs_ref[entry, 1], h0, block_h, live_h, path=path, grad_dtype=grad_dtype, batch=batch,
                     ahead=ahead, flags_ref=flags_ref, flag_hb=h0 // partial_block_h, partial_hb=pl.cdiv(hidden, partial_block_h),
-                    skip_min=skip_min, skip_block=skip_block)
+                    skip_min=skip_min, skip_block=skip_block, skip_wide=skip_wide)
         _add_to_row(main_grad_ref, sorted_keys_ref[run_start], h0, live_h, acc, main_grad_dtype)
         return carry
 
@@ -1105,6 +1144,7 @@ class _Config:
     long_ahead: bool  # it loads the next batch while it adds this one (_fold)
     zero_skip: int  # sort path: runs of this many partials or more skip their zero partials (ZERO_SKIP_MIN_PARTIALS; 0: none)
     skip_block: int  # their flags read at once (ZERO_SKIP_BLOCK)
+    skip_wide: int  # blocks of their flags checked at once (ZERO_SKIP_WIDE)
     long_warps: int  # _long_runs_kernel's num_warps
     max_long_runs: int  # rows of the long-run list
     num_warps: int  # every kernel's but _partials_kernel's and _rank_kernel's
@@ -1213,6 +1253,7 @@ def _config(problem: Problem, path: str, overrides: tuple = (), zero_rows: bool 
         # As the torch twin; interpret mode's tests are small: there runs of 2 partials or more, 4 flags a block.
         zero_skip=0 if feature or not zero_rows else 2 if interpret else ZERO_SKIP_MIN_PARTIALS,
         skip_block=4 if interpret else ZERO_SKIP_BLOCK,
+        skip_wide=2 if interpret else ZERO_SKIP_WIDE,
         long_warps=1,
         max_long_runs=max_long_runs,
         num_warps=4,
@@ -1566,6 +1607,7 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
         interpret=cfg.interpret,
         skip_min=cfg.zero_skip,
         skip_block=cfg.skip_block,
+        skip_wide=cfg.skip_wide,
         plan_policy="evict_last" if cfg.plan_evict_last and cfg.sort == MERGE else None,
         masked=masked is not None,
     )(*inputs)
@@ -1591,6 +1633,7 @@ def _long_runs(long_runs, counts, sorted_keys, partials, flags, main_grad, probl
         partial_block_h=cfg.block_h,
         skip_min=cfg.zero_skip,
         skip_block=cfg.skip_block,
+        skip_wide=cfg.skip_wide,
     )(long_runs, counts, sorted_keys, partials, flags, main_grad)
 
 

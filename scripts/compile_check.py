@@ -76,7 +76,7 @@ def variants():
     for feature, grad, main, scratch, skip_min, masked in runs:
         span = CHUNK if feature else NROWS
         common = {"PDL": True, "FEATURE_PATH": feature, "SPAN": span, "GRAD_ROUNDING": grad, "MAIN_ROUNDING": main}
-        skip = {"SKIP_MIN": skip_min, "SKIP_BLOCK": ew.ZERO_SKIP_BLOCK}
+        skip = {"SKIP_MIN": skip_min, "SKIP_BLOCK": ew.ZERO_SKIP_BLOCK, "SKIP_WIDE": ew.ZERO_SKIP_WIDE}
         tag = f"feature={feature} grad={DTYPES[grad]} main_grad={DTYPES[main]} scratch={scratch}" + (" zero_rows" if skip_min else "") + (" masked" if masked else "")
         types = {"grad_ptr": "*" + DTYPES[grad], "main_grad_ptr": "*" + DTYPES[main], "partials_ptr": "*" + scratch, "ids_ptr": "*i64"}
         types.update({k: "i64" for k in ("grad_stride0", "grad_stride1", "grad_stride_h", "main_grad_stride")})

@@ -47,7 +47,7 @@ def defaults() -> dict:
         "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT and ew.RECORD_L1_HINT, "FOLD_H": 256, "FOLD_BATCH": 16, "PREFETCH_L2": True,
         "LONE": True,  # n above 4096 (LONE_TOKENS)
         "SCRATCH_POLICY": "evict_last" if ew.SCRATCH_EVICT_LAST else "", "FOLD_STAGES": 0,
-        "SKIP_MIN": 0, "SKIP_BLOCK": ew.ZERO_SKIP_BLOCK,  # zero_rows=False (accumulate's default)
+        "SKIP_MIN": 0, "SKIP_BLOCK": ew.ZERO_SKIP_BLOCK, "SKIP_WIDE": ew.ZERO_SKIP_WIDE,  # zero_rows=False (accumulate's default)
         "PLAN_POLICY": "evict_last" if ew.PLAN_EVICT_LAST else "",  # merge sort (n <= MERGE_SORT_MAX_TOKENS)
         "PREFETCH_EVICT_LAST": ew.PREFETCH_EVICT_LAST,  # merge sort with PDL (PREFETCH_L2)
         "MASKED": False,  # masked=None (accumulate's default)

@@ -299,19 +299,21 @@ ZERO_SKIP_ROUTES = {
 }
 
 
-@pytest.mark.parametrize("zero_skip", [2, 17])
+@pytest.mark.parametrize(("zero_skip", "skip_wide"), [(2, 2), (2, 1), (17, 2)])
 @pytest.mark.parametrize("route", ZERO_SKIP_ROUTES)
-def test_zero_partials_skipped_bitwise(route, zero_skip):
+def test_zero_partials_skipped_bitwise(route, zero_skip, skip_wide):
     """Megatron's vocab-parallel input (tests.cases.masked_arrays): the flags say which long-run
     partials are nonzero in each H block, and main_grad gets the reference's bits though the zero
     partials are neither stored nor loaded. With zero_skip 17, row 0's 16 partials (most of them
     all +0) have no flags, so their folds read every partial: each must be stored, zero or not
-    (Pallas leaves the scratch outputs unwritten, NaN in interpret mode; NOTES v49)."""
+    (Pallas leaves the scratch outputs unwritten, NaN in interpret mode; NOTES v49). The folds check
+    2 blocks of 4 flags at once, or 1 (then row 0's third block, all zeros, is skipped alone)."""
     ids, grad, main_grad = masked_arrays()
     ids_j, grad_j, main_j = to_jax(ids), to_jax(grad), to_jax(main_grad)
     problem = ew._check(ids_j, grad_j, main_j, None)
     # (2: interpret mode's zero skip, on the GPU too: runs of 2 partials or more, 4 flags a block)
-    overrides = ZERO_SKIP_ROUTES[route] + (("block_h", 16), ("fold_h", 8), ("long_block_h", 8), ("zero_skip", zero_skip), ("skip_block", 4))
+    overrides = ZERO_SKIP_ROUTES[route] + (("block_h", 16), ("fold_h", 8), ("long_block_h", 8), ("zero_skip", zero_skip), ("skip_block", 4),
+                                           ("skip_wide", skip_wide))
     cfg = ew._config(problem, SORT, overrides, zero_rows=True)
     stages = _stages(ids_j, grad_j, main_j, problem, cfg)
     assert_bits_equal(np.asarray(stages.main_grad), reference.accumulate(ids, grad, main_grad, path=SORT))

@@ -220,20 +220,21 @@ ZERO_SKIP_ROUTES = {
 
 
 @cpu_only
-@pytest.mark.parametrize("zero_skip", [2, 17])
+@pytest.mark.parametrize(("zero_skip", "skip_wide"), [(2, 2), (2, 1), (17, 2)])
 @pytest.mark.parametrize("route", ZERO_SKIP_ROUTES)
-def test_zero_partials_skipped_bitwise(route, zero_skip):
+def test_zero_partials_skipped_bitwise(route, zero_skip, skip_wide):
     """Megatron's vocab-parallel input (tests.cases.masked_arrays): the flags say which long-run
     partials are nonzero in each H block, and main_grad gets the reference's bits though the zero
     partials are neither stored nor loaded. With zero_skip 17, row 0's 16 partials (most of them
     all +0) have no flags, so their folds read every partial: each must be stored, zero or not
-    (the scratch poisoned with NaN, poisoned_scratch; NOTES v49)."""
+    (the scratch poisoned with NaN, poisoned_scratch; NOTES v49). The folds check 2 blocks of 4
+    flags at once (the interpreter's skip_wide), or 1 (then row 0's third block, all zeros, is skipped alone)."""
     ids, grad, main_grad = masked_arrays()
     ids_t, grad_t, out = to_torch(ids), to_torch(grad), to_torch(main_grad)
     problem = ew._check(ids_t, grad_t, out, None)
     cfg = dataclasses.replace(ew._config(problem, SORT, True, zero_rows=True), block_h=16, fold_h=8, long_block_h=8, **ZERO_SKIP_ROUTES[route])
-    assert (cfg.zero_skip, cfg.skip_block) == (2, 4)  # the interpreter's
-    cfg = dataclasses.replace(cfg, zero_skip=zero_skip)
+    assert (cfg.zero_skip, cfg.skip_block, cfg.skip_wide) == (2, 4, 2)  # the interpreter's
+    cfg = dataclasses.replace(cfg, zero_skip=zero_skip, skip_wide=skip_wide)
     plan = ew._plan_stage(ids_t, problem, cfg)
     partials, flags = ew._partials_stage(plan, grad_t, out, problem, cfg)
     if cfg.fold_programs == 0:

@@ -78,7 +78,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime import driver
 from triton.runtime.interpreter import InterpretedFunction
 
-from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, merge_block, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
+from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, merge_block, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
 from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args, check_masked
@@ -872,6 +872,7 @@ def _partials_kernel(
     PLAN_POLICY: tl.constexpr,  # sort path: L2 eviction policy of the partials' positions' loads: "evict_last" or "" (none)
     PREFETCH_EVICT_LAST: tl.constexpr,  # PREFETCH_L2's lines with L2 priority evict_last: 1 grad's, 2 main_grad's, 3 both
     MASKED: tl.constexpr,  # accumulate's masked: masked positions' rows are neither loaded nor prefetched
+    SKIP_WIDE: tl.constexpr,  # blocks of flags a fold checks at once (ZERO_SKIP_WIDE)
 ):
     """Sum every partial over every H block: items (partial, H block), H block fastest.
 
@@ -922,7 +923,8 @@ def _partials_kernel(
         folder = (pid >= fold_lo) & (pid < fold_lo + fold_programs)
         if folder:
             _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, flags_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, pid - fold_lo,
-                       fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH, FOLD_STAGES, BLOCK_H, SKIP_MIN, SKIP_BLOCK)
+                       fold_programs, SPAN, GRAD_ROUNDING, MAIN_ROUNDING, FOLD_H, FOLD_BATCH, FOLD_STAGES, BLOCK_H, SKIP_MIN, SKIP_BLOCK,
+                       SKIP_WIDE)
         wid = pid - tl.where(pid >= fold_lo + fold_programs, fold_programs, 0)  # this program among the others
         # The last tail_programs programs (they start last) take the last items, one each, so that
         # the kernel ends one item after the steady state rather than a few (NOTES v10); the
@@ -1184,40 +1186,69 @@ def _fold_step(acc, part, FEATURE_PATH: tl.constexpr, GRAD_ROUNDING: tl.constexp
 @triton.jit
 def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH: tl.constexpr, SPAN: tl.constexpr,
           GRAD_ROUNDING: tl.constexpr, BATCH: tl.constexpr, CACHE: tl.constexpr, STAGES: tl.constexpr, flags_ptr, flag_stride,
-          SKIP_MIN: tl.constexpr, SKIP_BLOCK: tl.constexpr):
+          SKIP_MIN: tl.constexpr, SKIP_BLOCK: tl.constexpr, SKIP_WIDE: tl.constexpr):
     """A long run's partials over these columns, folded in order and rounded to grad's dtype (as fp32).
 
     _fold_span sums them. SKIP_MIN > 0 (sort path): a run of at least SKIP_MIN partials has a
     flag per partial at flags_ptr + partial_row * flag_stride (_partial: 0 where the partial is
-    all +0 over these columns' H block, and then not stored), read SKIP_BLOCK at a time. If none
-    is 0 the run is summed as without flags; else a block of zeros adds nothing (the sum is never
-    -0, so adding +0 leaves it) and the other blocks' zero partials are not loaded
-    (ZERO_SKIP_MIN_PARTIALS).
+    all +0 over these columns' H block, and then not stored). If none is 0 the run is summed as
+    without flags; else zero partials add nothing (the sum is never -0, so adding +0 leaves it)
+    and are not loaded (ZERO_SKIP_MIN_PARTIALS). The flags are checked SKIP_WIDE * SKIP_BLOCK at
+    a time (one vector load; ZERO_SKIP_WIDE), first only until a block with a 0 turns up, then
+    to skip the blocks of zeros; in the others each SKIP_BLOCK's nonzero partials are found in
+    its flags (_fold_nonzero).
     """
     acc = tl.zeros(cols.shape, dtype=tl.float32)
     if SKIP_MIN > 0:
         tl.static_assert(not FEATURE_PATH, "flags mark the sort path's partials")
-        # First the flags' blocks that hold a 0: with none (a long run of nonzero partials, as in
-        # Zipf ids) the run is summed in one span, its pipeline (STAGES) never restarted.
+        WIDE: tl.constexpr = SKIP_BLOCK * SKIP_WIDE
+        # First whether a block of flags holds a 0: with none (a long run of nonzero partials, as
+        # in Zipf ids) the run is summed in one span, its pipeline (STAGES) never restarted.
         zero_blocks = 0
         if num_partials >= SKIP_MIN:
-            for k0 in range(0, num_partials, SKIP_BLOCK):
-                zero_blocks += (tl.min(_flags_block(flags_ptr, flag_stride, run_start, k0, num_partials, SPAN, SKIP_BLOCK, 1), axis=0) == 0).to(tl.int32)
+            k0 = 0
+            while (k0 < num_partials) & (zero_blocks == 0):  # (a masked run: only its first block)
+                flags = _flags_block(flags_ptr, flag_stride, run_start, k0, num_partials, SPAN, WIDE, 1)
+                zero_blocks = (tl.min(flags, axis=0) == 0).to(tl.int32)
+                k0 += WIDE
         if zero_blocks == 0:
             acc = _fold_span(acc, partials_ptr, run_start, 0, num_partials, hidden, cols, live_h, SPAN, GRAD_ROUNDING, BATCH, CACHE,
-                             STAGES, flags_ptr, flag_stride, False, False)
+                             STAGES, False)
         else:
-            for k0 in range(0, num_partials, SKIP_BLOCK):
-                k_end = tl.minimum(k0 + SKIP_BLOCK, num_partials)
-                flags = _flags_block(flags_ptr, flag_stride, run_start, k0, num_partials, SPAN, SKIP_BLOCK, 0)
-                if tl.max(flags, axis=0) != 0:  # a block not all zeros: each partial loaded as its flag says
-                    acc = _fold_span(acc, partials_ptr, run_start, k0, k_end, hidden, cols, live_h, SPAN, GRAD_ROUNDING, BATCH, CACHE,
-                                     0, flags_ptr, flag_stride, True, False)
+            for w0 in range(0, num_partials, WIDE):
+                if tl.max(_flags_block(flags_ptr, flag_stride, run_start, w0, num_partials, SPAN, WIDE, 0), axis=0) != 0:
+                    for k0 in range(w0, tl.minimum(w0 + WIDE, num_partials), SKIP_BLOCK):
+                        acc = _fold_nonzero(acc, partials_ptr, run_start, k0, num_partials, hidden, cols, live_h, SPAN, GRAD_ROUNDING, BATCH,
+                                            CACHE, flags_ptr, flag_stride, SKIP_BLOCK)
     else:
         acc = _fold_span(acc, partials_ptr, run_start, 0, num_partials, hidden, cols, live_h, SPAN, GRAD_ROUNDING, BATCH, CACHE,
-                         STAGES, flags_ptr, flag_stride, False, FEATURE_PATH)
+                         STAGES, FEATURE_PATH)
     if not FEATURE_PATH:
         acc = _round(acc, GRAD_ROUNDING)
+    return acc
+
+
+@triton.jit
+def _fold_nonzero(acc, partials_ptr, run_start, k0, num_partials, hidden, cols, live_h, SPAN: tl.constexpr, GRAD_ROUNDING: tl.constexpr,
+                  BATCH: tl.constexpr, CACHE: tl.constexpr, flags_ptr, flag_stride, SKIP_BLOCK: tl.constexpr):
+    """Sort path: acc with the nonzero partials among [k0, k0 + SKIP_BLOCK) of a flagged run folded in, in order.
+
+    The block's flags in one vector load; the u-th nonzero partial is the one whose rank among
+    them (a cumulative sum) is u, so BATCH of them are found in registers and loaded at once,
+    then added in order. Past the last one the load is masked: +0, which leaves the sum (never -0).
+    """
+    ks = k0 + tl.arange(0, SKIP_BLOCK)
+    nonzero = _flags_block(flags_ptr, flag_stride, run_start, k0, num_partials, SPAN, SKIP_BLOCK, 0) != 0
+    rank = tl.cumsum(nonzero.to(tl.int32), axis=0) - 1
+    count = tl.sum(nonzero.to(tl.int32), axis=0)
+    for g in range(0, count, BATCH):
+        for u in tl.static_range(BATCH):
+            k = tl.min(tl.where(nonzero & (rank == g + u), ks, num_partials), axis=0)  # num_partials: none left
+            live = cols < tl.where(k < num_partials, hidden, 0)
+            row = _partial_row(run_start, tl.minimum(k, num_partials - 1), False, SPAN)
+            part = _from_scratch(tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live & live_h, other=0,
+                                         cache_modifier=CACHE))
+            acc = _fold_step(acc, part, False, GRAD_ROUNDING)
     return acc
 
 
@@ -1230,26 +1261,22 @@ def _flags_block(flags_ptr, flag_stride, run_start, k0, num_partials, SPAN: tl.c
 
 @triton.jit
 def _fold_span(acc, partials_ptr, run_start, k_lo, k_end, hidden, cols, live_h, SPAN: tl.constexpr, GRAD_ROUNDING: tl.constexpr,
-               BATCH: tl.constexpr, CACHE: tl.constexpr, STAGES: tl.constexpr, flags_ptr, flag_stride, FLAGGED: tl.constexpr,
-               FEATURE_PATH: tl.constexpr):
+               BATCH: tl.constexpr, CACHE: tl.constexpr, STAGES: tl.constexpr, FEATURE_PATH: tl.constexpr):
     """acc with partials [k_lo, k_end) of a run folded in, in order (feature path: each rounded, as PyTorch's per-chunk sums).
 
     BATCH partials' loads are in flight at once, then FOLD_TAIL at a time for the rest; the adds
     stay one at a time, in order. Past k_end the last one is loaded again (always an address,
     no predicate, so all of a step's loads issue before its first add) and dropped. STAGES > 0
-    (sort path only): the same sum as _fold_piped's loop, BATCH partials a stage. FLAGGED: each
-    partial's load is masked by its flag (_fold), +0 where it is 0.
+    (sort path only): the same sum as _fold_piped's loop, BATCH partials a stage.
     """
     if STAGES > 0:
         tl.static_assert(not FEATURE_PATH, "_fold_piped sums the sort path's partials")
-        tl.static_assert(not FLAGGED, "_fold_piped reads no flags")
         return _fold_piped(acc, partials_ptr, run_start, k_lo, k_end, hidden, cols, live_h, SPAN, BATCH, STAGES, CACHE)
     full = k_lo + (k_end - k_lo) // BATCH * BATCH
     for k0 in range(k_lo, full, BATCH):
         for u in tl.static_range(BATCH):
             k = tl.minimum(k0 + u, k_end - 1)  # (always k0 + u: a tensor under the interpreter too)
-            part = _load_partial(partials_ptr, run_start, k, hidden, cols, live_h, SPAN, CACHE, flags_ptr, flag_stride, FLAGGED,
-                                 FEATURE_PATH)
+            part = _load_partial(partials_ptr, run_start, k, hidden, cols, live_h, SPAN, CACHE, FEATURE_PATH)
             acc = _fold_step(acc, part, FEATURE_PATH, GRAD_ROUNDING)
     # The rest FOLD_TAIL at a time, so a run pays at most FOLD_TAIL - 1 dropped steps, not
     # BATCH - 1 (most long runs have a few partials: NOTES v17 item 8).
@@ -1257,23 +1284,16 @@ def _fold_span(acc, partials_ptr, run_start, k_lo, k_end, hidden, cols, live_h, 
     for k0 in range(full, k_end, TAIL):
         for u in tl.static_range(TAIL):
             k = tl.minimum(k0 + u, k_end - 1)
-            part = _load_partial(partials_ptr, run_start, k, hidden, cols, live_h, SPAN, CACHE, flags_ptr, flag_stride, FLAGGED,
-                                 FEATURE_PATH)
+            part = _load_partial(partials_ptr, run_start, k, hidden, cols, live_h, SPAN, CACHE, FEATURE_PATH)
             acc = tl.where(k0 + u < k_end, _fold_step(acc, part, FEATURE_PATH, GRAD_ROUNDING), acc)
     return acc
 
 
 @triton.jit
-def _load_partial(partials_ptr, run_start, k, hidden, cols, live_h, SPAN: tl.constexpr, CACHE: tl.constexpr, flags_ptr, flag_stride,
-                  FLAGGED: tl.constexpr, FEATURE_PATH: tl.constexpr):
-    """Partial k of the run over these columns, as fp32; FLAGGED: +0 without a load where its flag is 0 (not stored)."""
+def _load_partial(partials_ptr, run_start, k, hidden, cols, live_h, SPAN: tl.constexpr, CACHE: tl.constexpr, FEATURE_PATH: tl.constexpr):
+    """Partial k of the run over these columns, as fp32."""
     row = _partial_row(run_start, k, FEATURE_PATH, SPAN)
-    if FLAGGED:
-        # cols < (flag ? H : 0), not live_h & flag: the interpreter mistypes scalar & vector masks.
-        live = cols < tl.where(tl.load(flags_ptr + row.to(tl.int64) * flag_stride) != 0, hidden, 0)
-    else:
-        live = live_h
-    return _from_scratch(tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live, other=0, cache_modifier=CACHE))
+    return _from_scratch(tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live_h, other=0, cache_modifier=CACHE))
 
 
 @triton.jit
@@ -1300,7 +1320,7 @@ def _fold_piped(acc, partials_ptr, run_start, k_lo, k_end, hidden, cols, live_h,
 def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, flags_ptr, n, hidden, main_grad_stride, max_long_runs, num_hb, fid, folders,
                SPAN: tl.constexpr, GRAD_ROUNDING: tl.constexpr, MAIN_ROUNDING: tl.constexpr, FOLD_H: tl.constexpr,
                FOLD_BATCH: tl.constexpr, FOLD_STAGES: tl.constexpr, BLOCK_H: tl.constexpr, SKIP_MIN: tl.constexpr,
-               SKIP_BLOCK: tl.constexpr):
+               SKIP_BLOCK: tl.constexpr, SKIP_WIDE: tl.constexpr):
     """Sort path, inside _partials_kernel: fold the listed long runs, (run, FOLD_H columns) items strided by `folders` programs.
 
     Each item waits until all the run's partials have arrived (num_partials * num_hb items of
@@ -1324,7 +1344,7 @@ def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, flags_ptr, n, hidden, main_g
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         _wait_for(arrivals + run_start, num_partials * num_hb)
         acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, False, SPAN, GRAD_ROUNDING, FOLD_BATCH, ".cg",
-                    FOLD_STAGES, flags_ptr + (f % chunks) * FOLD_H // BLOCK_H, num_hb, SKIP_MIN, SKIP_BLOCK)
+                    FOLD_STAGES, flags_ptr + (f % chunks) * FOLD_H // BLOCK_H, num_hb, SKIP_MIN, SKIP_BLOCK, SKIP_WIDE)
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
 
 
@@ -1350,6 +1370,7 @@ def _long_runs_kernel(
     PARTIAL_BLOCK_H: tl.constexpr,  # _partials_kernel's BLOCK_H (a multiple of BLOCK_H)
     SKIP_MIN: tl.constexpr,  # sort path: runs of this many partials or more skip their zero partials (_fold; 0: none)
     SKIP_BLOCK: tl.constexpr,
+    SKIP_WIDE: tl.constexpr,  # blocks of flags a fold checks at once (ZERO_SKIP_WIDE)
 ):
     """Fold each listed run's partials in order, round, add to main_grad; programs stride the list.
 
@@ -1374,7 +1395,7 @@ def _long_runs_kernel(
         if early:  # this run's partials are in once its arrival counter is full
             _wait_for(arrivals + run_start, num_partials * partial_hb)
         acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "", STAGES,
-                    flags_ptr + tl.program_id(1) * BLOCK_H // PARTIAL_BLOCK_H, partial_hb, SKIP_MIN, SKIP_BLOCK)
+                    flags_ptr + tl.program_id(1) * BLOCK_H // PARTIAL_BLOCK_H, partial_hb, SKIP_MIN, SKIP_BLOCK, SKIP_WIDE)
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
     if early:
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
@@ -1431,6 +1452,8 @@ class _Config:
     long_stages: int  # sort path: the same for _long_runs_kernel, long_batch partials each (LONG_FOLD)
     zero_skip: int  # sort path: runs of this many partials or more skip their zero partials (ZERO_SKIP_MIN_PARTIALS; 0: none)
     skip_block: int  # their flags read at once (ZERO_SKIP_BLOCK)
+    skip_wide: int  # blocks of their flags checked at once (ZERO_SKIP_WIDE)
+    masked_reads: bool = True  # with masked, the partials kernel reads its mask bytes (probes: False reads masked rows too)
 
 
 @lru_cache(maxsize=None)
@@ -1501,6 +1524,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         # The interpreter's tests are small: there runs of 2 partials or more, 4 flags a block.
         zero_skip=0 if feature or not zero_rows else 2 if interpret else ZERO_SKIP_MIN_PARTIALS,
         skip_block=4 if interpret else ZERO_SKIP_BLOCK,
+        skip_wide=2 if interpret else ZERO_SKIP_WIDE,
     )
 
 
@@ -1820,9 +1844,10 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         FOLD_STAGES=cfg.fold_stages,
         SKIP_MIN=cfg.zero_skip,
         SKIP_BLOCK=cfg.skip_block,
+        SKIP_WIDE=cfg.skip_wide,
         PLAN_POLICY="evict_last" if cfg.plan_evict_last and cfg.sort == "merge" else "",
         PREFETCH_EVICT_LAST=cfg.prefetch_evict_last if prefetch else 0,
-        MASKED=masked is not None,
+        MASKED=masked is not None and cfg.masked_reads,
     )
     return partials, flags
 
@@ -1855,6 +1880,7 @@ def _long_runs_stage(plan: _Plan, partials, flags, main_grad, problem: Problem, 
         PARTIAL_BLOCK_H=cfg.block_h,
         SKIP_MIN=cfg.zero_skip,
         SKIP_BLOCK=cfg.skip_block,
+        SKIP_WIDE=cfg.skip_wide,
     )
 
 
