@@ -24,6 +24,7 @@ VARIANTS = {
     "skip off": dict(zero_skip=0),
     "skip block 256": dict(skip_block=256),
     "skip block 128": dict(skip_block=128),
+    "skip min 32": dict(zero_skip=32),
     "skip block 512": dict(skip_block=512),
     "skip block 1024": dict(skip_block=1024),
     "skip block 2048": dict(skip_block=2048),
@@ -35,7 +36,6 @@ VARIANTS = {
     "wide 1": dict(skip_wide=1),
     "wide 4": dict(skip_wide=4),
     "wide 8": dict(skip_wide=8),
-    "skip min 32": dict(zero_skip=32),
     # v27: a long run's fold is a chain of loads in batches: narrower columns, more partials in flight
     "fold 64x64": dict(fold_h=64, fold_batch=64),
     "fold 32x64": dict(fold_h=32, fold_batch=64),

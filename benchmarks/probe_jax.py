@@ -59,6 +59,7 @@ VARIANTS = {
     "no masked defer 2": (("masked_defer", False),),
     "skip block 256": (("skip_block", 256),),
     "skip block 128": (("skip_block", 128),),
+    "skip min 32": (("zero_skip", 32),),
     "skip block 512": (("skip_block", 512),),
     "skip block 1024": (("skip_block", 1024),),
     "skip block 2048": (("skip_block", 2048),),
@@ -67,7 +68,6 @@ VARIANTS = {
     "wide 1": (("skip_wide", 1),),
     "wide 4": (("skip_wide", 4),),
     "wide 8": (("skip_wide", 8),),
-    "skip min 32": (("zero_skip", 32),),
     # v8 (branch jax-fold-role): long runs folded by _long_runs_kernel instead of the partials kernel's folding programs.
     "fold kernel": (("fold_programs", 0),),
     "no prefetch": (("prefetch", False),),

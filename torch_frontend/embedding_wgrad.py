@@ -1244,10 +1244,8 @@ def _fold_nonzero(acc, partials_ptr, run_start, k0, num_partials, hidden, cols, 
     for g in range(0, count, BATCH):
         for u in tl.static_range(BATCH):
             k = tl.min(tl.where(nonzero & (rank == g + u), ks, num_partials), axis=0)  # num_partials: none left
-            live = cols < tl.where(k < num_partials, hidden, 0)
-            row = _partial_row(run_start, tl.minimum(k, num_partials - 1), False, SPAN)
-            part = _from_scratch(tl.load(partials_ptr + row.to(tl.int64) * hidden + cols, mask=live & live_h, other=0,
-                                         cache_modifier=CACHE))
+            live = (cols < tl.where(k < num_partials, hidden, 0)) & live_h
+            part = _load_partial(partials_ptr, run_start, tl.minimum(k, num_partials - 1), hidden, cols, live, SPAN, CACHE, False)
             acc = _fold_step(acc, part, False, GRAD_ROUNDING)
     return acc
 
