@@ -16,6 +16,8 @@ variant "skip off" is a call without it), against the dense path on the shard's 
     python benchmarks/probe_tp.py --jax --bound      (--bound through the JAX frontend)
     python benchmarks/probe_tp.py --masked [variants]         (torch, those variants with masked=input_mask)
     python benchmarks/probe_tp.py --stages [--masked]         (torch, each stage alone in its own graph)
+    python benchmarks/probe_tp.py --stages --dropped          (the same for --bound's dropped tokens, ids -1)
+    python benchmarks/probe_tp.py --gap                       (torch, masked against dropped, kernel by kernel)
     python benchmarks/probe_tp.py --jax --masked [variants]   (those variants with masked=input_mask)
 """
 
@@ -95,10 +97,11 @@ def run_torch(names, with_mask=False):
                         {(n, f"TP{tp}", k): v for (n, tp, k), v in results.items()}, "DIFFERENT")
 
 
-def run_stages(with_mask=False):
+def run_stages(with_mask=False, dropped=False):
     """Each stage alone in its own CUDA graph (no PDL between them), the long runs folded by the
     long-run kernel (fold_programs 0): plan, partials (without folds; with masked, after the masked
-    records kernel), folds; then the whole call."""
+    records kernel), folds; then the whole call. dropped: run_bound's bound, the other ranks'
+    tokens as ids -1 with zero_rows, to set stage against stage."""
     import torch
     from bench_torch import config_overrides, graph_ms
 
@@ -107,9 +110,11 @@ def run_stages(with_mask=False):
 
     for n, tp in points():
         ids, grad, main_grad, _, inside = torch_inputs(n, tp)
+        if dropped:
+            ids = ids.masked_fill(torch.from_numpy(~inside).cuda(), -1)
         flat = torch.from_numpy(~inside).cuda().view(torch.uint8) if with_mask else None
         kw = dict(masked=flat.view(torch.bool)) if with_mask else dict(zero_rows=True)
-        kind = " masked" if with_mask else ""
+        kind = " masked" if with_mask else " dropped" if dropped else ""
         for fields in ({"fold_programs": 0}, {"fold_programs": 0, "long_block_h": 32, "long_batch": 128}):
             with config_overrides(**fields):
                 problem = ew._check(ids, grad, main_grad, None)
@@ -134,6 +139,80 @@ def run_stages(with_mask=False):
                 t_call = graph_ms(lambda: torch_frontend.accumulate(ids, grad, main_grad, **kw))
             print(f"n={n} TP={tp}{kind} {fields}: plan {t_plan * 1e3:.1f} us, partials {t_part * 1e3:.1f}, folds {t_fold * 1e3:.1f}, "
                   f"whole call {t_call * 1e3:.1f}", flush=True)
+
+
+def run_gap():
+    """Where masked's time over the dropped bound goes (torch, each kernel alone in its own graph, no
+    PDL, the long-run kernel folding): the masked records kernel alone; the partials stage (with
+    masked, the records kernel and the partials kernel) with and without the mask bytes read
+    (masked_reads, exact here only because the masked rows are zero); the long-run kernel on the
+    plan's list, without row 0's run, and on row 0's run alone (the list patched in a copy of the
+    workspace); the same stages of the dropped bound (ids -1, zero_rows)."""
+    import torch
+
+    for n, tp in points():
+        ids, grad, main_grad, _, inside = torch_inputs(n, tp)
+        flat = torch.from_numpy(~inside).cuda().view(torch.uint8)
+        for kind in ("masked", "dropped"):
+            these = ids if kind == "masked" else ids.masked_fill(torch.from_numpy(~inside).cuda(), -1)
+            try:
+                row = _gap_kind(these, grad, main_grad, flat if kind == "masked" else None)
+            except Exception as e:  # noqa: BLE001  (a probe: the other points still run)
+                print(f"n={n} TP={tp} {kind}: {type(e).__name__}: {e}", flush=True)
+                continue
+            print(f"n={n} TP={tp} {kind}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
+
+
+def _gap_kind(ids, grad, main_grad, mask):
+    """run_gap's figures for one call (mask None: the dropped bound), us, by name."""
+    import triton
+    from bench_torch import graph_ms
+
+    from embwgrad_core.constants import NROWS
+    from torch_frontend import embedding_wgrad as ew
+
+    n = ids.numel()
+    problem = ew._check(ids, grad, main_grad, None)
+    cfg = ew._config(problem, ew.torch_path(n), False, *ew._device_traits(0), zero_rows=True)
+    cfg = dataclasses.replace(cfg, pdl=False, fold_programs=0)
+    plan = ew._plan_stage(ids, problem, cfg, masked=mask)
+    saved = plan.workspace.clone()  # the plan's counters, for each repetition of a stage that moves them
+    partials, flags = ew._partials_stage(plan, grad, main_grad, problem, cfg, ids=ids, masked=mask)
+    done = plan.workspace.clone()  # after the partials: the list final
+    t_copy = graph_ms(lambda: plan.workspace.copy_(saved))
+    row = {}
+
+    def stage(c):
+        plan.workspace.copy_(saved)
+        ew._partials_stage(plan, grad, main_grad, problem, c, ids=ids, masked=mask)
+
+    row["partials stage"] = (graph_ms(lambda: stage(cfg)) - t_copy) * 1e3
+    if mask is not None:
+        row["without mask reads"] = (graph_ms(lambda: stage(dataclasses.replace(cfg, masked_reads=False))) - t_copy) * 1e3
+
+        def records():
+            plan.workspace.copy_(saved)
+            ew._masked_records_kernel[(triton.cdiv(n, ew.MASKED_RECORDS_BLOCK),)](
+                plan.workspace, mask, flags, n, cfg.max_long_runs, triton.cdiv(problem.hidden, cfg.block_h), BLOCK=ew.MASKED_RECORDS_BLOCK,
+                SPAN=NROWS, SPAN_P2=triton.next_power_of_2(NROWS), DEFER=plan.deferred, POLICY="evict_last" if cfg.plan_evict_last else "",
+                PDL=False, num_warps=4)
+
+        row["records kernel"] = (graph_ms(records) - t_copy) * 1e3
+    base = (ew._REC.value + ew._REC_FIELDS.value) * n  # _LONG
+    count = int(done[base])
+    entries = done[base + 64 : base + 64 + 2 * count].view(-1, 2).clone()
+    row["long runs"] = count
+    lists = {"folds": entries}
+    zero = entries[:, 0] == 0  # row 0's run starts at slot 0 (the smallest key)
+    if mask is not None and bool(zero.any()):
+        lists["folds without row 0"], lists["folds of row 0 alone"] = entries[~zero], entries[zero]
+    for name, listed in lists.items():
+        ws = done.clone()
+        ws[base] = listed.shape[0]
+        ws[base + 64 : base + 64 + 2 * listed.shape[0]] = listed.flatten()
+        plan.workspace.copy_(ws)
+        row[name] = graph_ms(lambda: ew._long_runs_stage(plan, partials, flags, main_grad, problem, cfg)) * 1e3
+    return row
 
 
 def run_jax(names, with_mask=False):
@@ -231,7 +310,9 @@ if __name__ == "__main__":
         run_jax(args[0].split(",") if args else ["default"], with_mask="--masked" in sys.argv)
     elif "--bound" in sys.argv:
         run_bound()
+    elif "--gap" in sys.argv:
+        run_gap()
     elif "--stages" in sys.argv:
-        run_stages(with_mask="--masked" in sys.argv)
+        run_stages(with_mask="--masked" in sys.argv, dropped="--dropped" in sys.argv)
     else:
         run_torch(args[0].split(",") if args else list(DEFAULT_VARIANTS), with_mask="--masked" in sys.argv)

@@ -280,6 +280,14 @@ COUNTS = 4
 _LISTED, _FRONT, _BACK = 0, 1, 2
 
 
+def _flag(flags_ref, num_hb: int, hb, row):
+    """Sort path: index of the zero-skip flag of scratch row `row` in H block hb. The flags are
+    [H blocks, partial_buffer_rows], flattened: a fold reads one H block's flags of a run's
+    partials, whose rows are two apart (partial_row), so 8 bytes apart here (as the torch twin's
+    _flag; not 8 * H blocks: NOTES v54)."""
+    return hb * (flags_ref.shape[0] // num_hb) + row
+
+
 def _appended(counts_ref, flags, counter: int):
     """(base + rank among these lanes) of each flagged lane, base from one atomic add of their number to counts_ref[counter]."""
     flags = flags.astype(jnp.int32)
@@ -603,7 +611,7 @@ def _masked_records_kernel(
     counts_ref,  # int32 [COUNTS]: the plan's counters
     records_ref,  # int32 [n * REC_FIELDS]: the plan's records, and here the deferred partials' with a token not masked
     arrivals_ref,  # int32 [n]: arrival counters; here each run's partials of masked tokens only are counted in
-    flags_ref,  # int32 [partial_buffer_rows * num_hb]: 0 for each partial of masked tokens only (the partials kernel writes the others')
+    flags_ref,  # int32 [num_hb * partial_buffer_rows] (_flag): 0 for each partial of masked tokens only (the partials kernel writes the others')
     *,
     n: int,
     block: int,  # slots per program
@@ -645,7 +653,7 @@ def _masked_records_kernel(
     past = flags_ref.shape[0] + lane
 
     def zero_flag(hb, carry):
-        plgpu.store(flags_ref.at[jnp.where(dropped, row * num_hb + hb, past)], jnp.zeros((block,), jnp.int32), mask=dropped)
+        plgpu.store(flags_ref.at[jnp.where(dropped, _flag(flags_ref, num_hb, hb, row), past)], jnp.zeros((block,), jnp.int32), mask=dropped)
         return carry
 
     lax.fori_loop(0, num_hb, zero_flag, None)
@@ -684,7 +692,7 @@ def _partials_kernel(
     long_runs_ref,  # int32 [max_long_runs, 2]: (run start, number of partials) of each long run (sort path: the plan's)
     counts_ref,  # int32 [COUNTS]: the plan's counters; feature path, [_LISTED] counts the long runs listed here
     arrivals_ref,  # int32 [n]: sort path with folders, each run's partials that have arrived (at its first slot)
-    flags_ref,  # int32 [partial_buffer_rows * cdiv(H, block_h)]: skip_min > 0, whether each long-run partial is nonzero per H block
+    flags_ref,  # int32 [cdiv(H, block_h) * partial_buffer_rows] (_flag): skip_min > 0, whether each long-run partial is nonzero per H block
     *,
     n: int,
     hidden: int,  # H
@@ -781,7 +789,7 @@ def _partials_kernel(
             if skip_min and not feature:  # (predicated, no branch, as the torch twin)
                 flagged = ~finish & (run_end - run_start > (skip_min - 1) * NROWS)  # a run of skip_min partials or more
                 nonzero = jnp.int32(1) if nonzero is None else nonzero
-                plgpu.store(flags_ref.at[row * num_hb + hb], nonzero, mask=flagged)
+                plgpu.store(flags_ref.at[_flag(flags_ref, num_hb, hb, row)], nonzero, mask=flagged)
                 stored = stored & ((nonzero != 0) | ~flagged)  # a run without flags: its fold reads every partial
             plgpu.store(partials_ref.at[row, row_block], _to_scratch(acc, gw, partials_ref.dtype), mask=live_h & stored)
 
@@ -935,7 +943,7 @@ def _fold(partials_ref, run_start, num_partials, h0, width: int, live_h, *, path
     flight while it adds instead of a round trip per batch; the last batch may drop up to
     batch - 1 steps. The same sum either way.
     skip_min > 0 (sort path, as the torch twin): a run of at least skip_min partials has a flag per
-    partial and H block of the partials kernel at flags_ref[partial_row * partial_hb + flag_hb]
+    partial and H block of the partials kernel at flags_ref[_flag(flags_ref, partial_hb, flag_hb, partial_row)]
     (0: all +0 there, and not stored). If none is 0 the run is summed as without flags; else zero
     partials add nothing (the sum is never -0, so adding +0 leaves it) and are not loaded
     (ZERO_SKIP_MIN_PARTIALS). The flags are checked skip_wide * skip_block at a time (one vector
@@ -989,7 +997,7 @@ def _fold(partials_ref, run_start, num_partials, h0, width: int, live_h, *, path
             ks = k0 + lax.iota(jnp.int32, size)
             inside = ks < num_partials
             rows = partial_row(run_start, jnp.where(inside, ks, k0), path).astype(jnp.int32)  # masked lanes still need an address
-            return plgpu.load(flags_ref.at[rows * partial_hb + flag_hb], mask=inside, other=past)
+            return plgpu.load(flags_ref.at[_flag(flags_ref, partial_hb, flag_hb, rows)], mask=inside, other=past)
 
         wide = skip_block * skip_wide
 
@@ -1072,7 +1080,7 @@ def _long_runs_kernel(
     counts_ref,  # int32 [COUNTS]: [_LISTED] long runs listed
     sorted_keys_ref,  # int32 [n]: keys in sorted order
     partials_ref,  # [partial_buffer_rows, H]: partial sums of long runs, fp32 or bf16 bits (_to_scratch)
-    flags_ref,  # int32 [partial_buffer_rows * partial_hb]: skip_min > 0, whether each long-run partial is nonzero (_partials_kernel)
+    flags_ref,  # int32 [partial_hb * partial_buffer_rows] (_flag): skip_min > 0, whether each long-run partial is nonzero (_partials_kernel)
     main_grad_in_ref,  # [V, H]: aliased to main_grad_ref, never read
     # Outputs
     main_grad_ref,  # [V, H] bf16/fp16/fp32: rows of long runs get their gradient
@@ -1309,8 +1317,8 @@ class _Stages(NamedTuple):
     counts: jax.Array  # int32 [COUNTS]
     partials: jax.Array  # fp32 [partial_buffer_rows, H]: meaningful at the partial rows of long runs
     long_runs: jax.Array  # int32 [max_long_runs, 2]: the first counts[_LISTED] rows are meaningful
-    # int32 [partial_buffer_rows * cdiv(H, block_h)], with zero_skip: at (partial row, H block) of
-    # the partials of runs of zero_skip partials or more, whether the partial is nonzero there
+    # int32 [cdiv(H, block_h) * partial_buffer_rows], with zero_skip: at (H block, partial row) of
+    # the partials of runs of zero_skip partials or more, whether the partial is nonzero there (_flag)
     flags: jax.Array
     main_grad: jax.Array  # [V, H]
 

@@ -144,11 +144,13 @@ def tp_ids(n: int, tp: int, rank: int = 1):
     return np.where(inside, ids - rank * shard, 0), np.flatnonzero(~inside), shard
 
 
-def masked_arrays(grad_dtype: str = "bfloat16"):
+def masked_arrays(grad_dtype: str = "bfloat16", lead: int = 0):
     """(ids, grad, main_grad) as Megatron's vocab-parallel lookup hands them on one rank, small: a run of
     151 tokens at row 0 whose grad rows are zero (other ranks' tokens: +0 or -0), but for 2 of its tokens
     (the 5th and 55th), whose rows are nonzero in columns [16, 32) only; a run of 45 tokens of id 7
-    with nonzero rows; 124 other tokens. V = 50, H = 40, sort path (320 tokens).
+    with nonzero rows; 124 other tokens. V = 50, H = 40, sort path (320 tokens). lead: row 0's first
+    `lead` tokens get nonzero rows in every column (80: its first 8 partials are nonzero everywhere,
+    so that a fold meets its zeros only after a wide block or two of nonzero partials).
 
     With the interpreter's zero skip (runs of 2 partials or more, 4 flags a block) and H blocks of
     16 columns, row 0's 16 partials make, in H block 1, blocks of both kinds and one of zeros (its
@@ -163,6 +165,7 @@ def masked_arrays(grad_dtype: str = "bfloat16"):
     grad[row0] = np.where(rng.random((row0.size, 1)) < 0.5, -0.0, 0.0)
     real = row0[[5, 55]]
     grad[real, 16:32] = rng.standard_normal((2, 16), dtype=np.float32)
+    grad[row0[:lead]] = rng.standard_normal((lead, 40), dtype=np.float32)
     main_grad = rng.standard_normal((50, 40), dtype=np.float32)
     return ids, grad.astype(numpy_dtype(grad_dtype)), main_grad
 

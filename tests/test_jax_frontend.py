@@ -299,16 +299,18 @@ ZERO_SKIP_ROUTES = {
 }
 
 
-@pytest.mark.parametrize(("zero_skip", "skip_wide"), [(2, 2), (2, 1), (17, 2)])
+@pytest.mark.parametrize(("zero_skip", "skip_wide", "lead"), [(2, 2, 0), (2, 1, 0), (17, 2, 0), (2, 2, 80)])
 @pytest.mark.parametrize("route", ZERO_SKIP_ROUTES)
-def test_zero_partials_skipped_bitwise(route, zero_skip, skip_wide):
+def test_zero_partials_skipped_bitwise(route, zero_skip, skip_wide, lead):
     """Megatron's vocab-parallel input (tests.cases.masked_arrays): the flags say which long-run
     partials are nonzero in each H block, and main_grad gets the reference's bits though the zero
     partials are neither stored nor loaded. With zero_skip 17, row 0's 16 partials (most of them
     all +0) have no flags, so their folds read every partial: each must be stored, zero or not
     (Pallas leaves the scratch outputs unwritten, NaN in interpret mode; NOTES v49). The folds check
-    2 blocks of 4 flags at once, or 1 (then row 0's third block, all zeros, is skipped alone)."""
-    ids, grad, main_grad = masked_arrays()
+    2 blocks of 4 flags at once, or 1 (then row 0's third block, all zeros, is skipped alone). With
+    lead 80 row 0's first wide block is of nonzero partials: summed as a span, the rest from its
+    second wide block on."""
+    ids, grad, main_grad = masked_arrays(lead=lead)
     ids_j, grad_j, main_j = to_jax(ids), to_jax(grad), to_jax(main_grad)
     problem = ew._check(ids_j, grad_j, main_j, None)
     # (2: interpret mode's zero skip, on the GPU too: runs of 2 partials or more, 4 flags a block)
@@ -317,8 +319,8 @@ def test_zero_partials_skipped_bitwise(route, zero_skip, skip_wide):
     cfg = ew._config(problem, SORT, overrides, zero_rows=True)
     stages = _stages(ids_j, grad_j, main_j, problem, cfg)
     assert_bits_equal(np.asarray(stages.main_grad), reference.accumulate(ids, grad, main_grad, path=SORT))
-    if zero_skip == 2:
-        flags = np.asarray(stages.flags).reshape(-1, 3)
+    if zero_skip == 2 and not lead:
+        flags = np.asarray(stages.flags).reshape(3, -1).T  # (_flag: [H blocks, rows])
         assert_masked_flags(flags, np.asarray(stages.partials), ids, grad, cfg.zero_skip, cfg.skip_block, cfg.block_h)
 
 

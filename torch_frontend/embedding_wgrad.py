@@ -352,6 +352,14 @@ def _partial_row(run_start, k, FEATURE_PATH: tl.constexpr, SPAN: tl.constexpr):
 
 
 @triton.jit
+def _flag(flags_ptr, n, hb, row, SPAN: tl.constexpr):
+    """Sort path: the zero-skip flag of scratch row `row` in H block hb. The flags are [H blocks,
+    partial_buffer_rows]: a fold reads one H block's flags of a run's partials, whose rows are two
+    apart (_partial_row), so 8 bytes apart here (not 8 * H blocks: NOTES v54)."""
+    return flags_ptr + (2 * tl.cdiv(n, SPAN)).to(tl.int64) * hb + row
+
+
+@triton.jit
 def _pdl_enter(PDL: tl.constexpr):
     """Programmatic dependent launch (Hopper): let the next kernel's programs launch and wait
     on the device, then wait for the previous kernel to finish and its writes to show.
@@ -761,7 +769,7 @@ def _runs_kernel(
 def _masked_records_kernel(
     ws_ptr,  # int32 workspace: the plan (sorted positions, run starts and ends); records, arrivals out
     masked_ptr,  # uint8 [n] in position order, nonzero where the token's grad row is taken as +0
-    flags_ptr,  # int32 [partial_buffer_rows, num_hb] out: 0 for each partial of masked tokens only (_partial writes the others')
+    flags_ptr,  # int32 [num_hb, partial_buffer_rows] out (_flag): 0 for each partial of masked tokens only (_partial writes the others')
     n,  # number of tokens
     max_long_runs,  # entries of the long-run list
     num_hb,  # H blocks of _partials_kernel
@@ -810,9 +818,9 @@ def _masked_records_kernel(
     tl.store(rec + 4, run_end, mask=real, eviction_policy=POLICY)
     # The others: flags 0, arrivals counted.
     dropped = deferred & ~real
-    row = _partial_row(run_start, (s - run_start) // SPAN, False, SPAN).to(tl.int64) * num_hb
+    row = _partial_row(run_start, (s - run_start) // SPAN, False, SPAN)
     for hb in range(num_hb):
-        tl.store(flags_ptr + row + hb, 0, mask=dropped)
+        tl.store(_flag(flags_ptr, n, hb, row, SPAN), 0, mask=dropped)
     d = dropped.to(tl.int32)
     count = tl.cumsum(d, axis=0)  # dropped partials of this program up to this slot
     lo = tl.program_id(0) * BLOCK
@@ -829,7 +837,7 @@ def _partials_kernel(
     grad_ptr,  # [*S, H] bf16/fp16/fp32: position p's row at (p // grad_dim1) * grad_stride0 + (p % grad_dim1) * grad_stride1
     main_grad_ptr,  # [V, H] bf16/fp16/fp32, rows main_grad_stride apart
     partials_ptr,  # [partial_buffer_rows, H] out: partial sums of long runs, fp32 or bf16 bits (_to_scratch)
-    flags_ptr,  # SKIP_MIN > 0: int32 [partial_buffer_rows, cdiv(H, BLOCK_H)] out, whether each long-run partial is nonzero (_partial)
+    flags_ptr,  # SKIP_MIN > 0: int32 [cdiv(H, BLOCK_H), partial_buffer_rows] out (_flag), whether each long-run partial is nonzero (_partial)
     n,  # number of tokens
     hidden,  # H
     max_long_runs,  # entries of the long-run list
@@ -1157,7 +1165,7 @@ def _partial(
         stored = in_long_run
         if SKIP_MIN > 0:  # (predicated, no branch: a branch here cost 8192 uniform ids 1.2 us, NOTES v29)
             flagged = in_long_run & (run_end - run_start > (SKIP_MIN - 1) * SPAN)  # a run of SKIP_MIN partials or more
-            tl.store(flags_ptr + row.to(tl.int64) * tl.cdiv(hidden, BLOCK_H) + hb, nonzero, mask=flagged)
+            tl.store(_flag(flags_ptr, n, hb, row, SPAN), nonzero, mask=flagged)
             # A zero partial is not stored only where its flag says so: a run of fewer partials
             # has no flags and its fold reads them all (NOTES v49: unstored, it read stale scratch).
             stored = in_long_run & ((nonzero != 0) | ~flagged)
@@ -1185,12 +1193,12 @@ def _fold_step(acc, part, FEATURE_PATH: tl.constexpr, GRAD_ROUNDING: tl.constexp
 
 @triton.jit
 def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH: tl.constexpr, SPAN: tl.constexpr,
-          GRAD_ROUNDING: tl.constexpr, BATCH: tl.constexpr, CACHE: tl.constexpr, STAGES: tl.constexpr, flags_ptr, flag_stride,
+          GRAD_ROUNDING: tl.constexpr, BATCH: tl.constexpr, CACHE: tl.constexpr, STAGES: tl.constexpr, flags_ptr,
           SKIP_MIN: tl.constexpr, SKIP_BLOCK: tl.constexpr, SKIP_WIDE: tl.constexpr):
     """A long run's partials over these columns, folded in order and rounded to grad's dtype (as fp32).
 
     _fold_span sums them. SKIP_MIN > 0 (sort path): a run of at least SKIP_MIN partials has a
-    flag per partial at flags_ptr + partial_row * flag_stride (_partial: 0 where the partial is
+    flag per partial at flags_ptr + partial_row (_flag; _partial: 0 where the partial is
     all +0 over these columns' H block, and then not stored). If none is 0 the run is summed as
     without flags; else zero partials add nothing (the sum is never -0, so adding +0 leaves it)
     and are not loaded (ZERO_SKIP_MIN_PARTIALS). The flags are checked SKIP_WIDE * SKIP_BLOCK at
@@ -1208,7 +1216,7 @@ def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_P
         if num_partials >= SKIP_MIN:
             k0 = 0
             while (k0 < num_partials) & (zero_blocks == 0):  # (a masked run: only its first block)
-                flags = _flags_block(flags_ptr, flag_stride, run_start, k0, num_partials, SPAN, WIDE, 1)
+                flags = _flags_block(flags_ptr, run_start, k0, num_partials, SPAN, WIDE, 1)
                 zero_blocks = (tl.min(flags, axis=0) == 0).to(tl.int32)
                 k0 += WIDE
         if zero_blocks == 0:
@@ -1216,10 +1224,10 @@ def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_P
                              STAGES, False)
         else:
             for w0 in range(0, num_partials, WIDE):
-                if tl.max(_flags_block(flags_ptr, flag_stride, run_start, w0, num_partials, SPAN, WIDE, 0), axis=0) != 0:
+                if tl.max(_flags_block(flags_ptr, run_start, w0, num_partials, SPAN, WIDE, 0), axis=0) != 0:
                     for k0 in range(w0, tl.minimum(w0 + WIDE, num_partials), SKIP_BLOCK):
                         acc = _fold_nonzero(acc, partials_ptr, run_start, k0, num_partials, hidden, cols, live_h, SPAN, GRAD_ROUNDING, BATCH,
-                                            CACHE, flags_ptr, flag_stride, SKIP_BLOCK)
+                                            CACHE, flags_ptr, SKIP_BLOCK)
     else:
         acc = _fold_span(acc, partials_ptr, run_start, 0, num_partials, hidden, cols, live_h, SPAN, GRAD_ROUNDING, BATCH, CACHE,
                          STAGES, FEATURE_PATH)
@@ -1230,7 +1238,7 @@ def _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_P
 
 @triton.jit
 def _fold_nonzero(acc, partials_ptr, run_start, k0, num_partials, hidden, cols, live_h, SPAN: tl.constexpr, GRAD_ROUNDING: tl.constexpr,
-                  BATCH: tl.constexpr, CACHE: tl.constexpr, flags_ptr, flag_stride, SKIP_BLOCK: tl.constexpr):
+                  BATCH: tl.constexpr, CACHE: tl.constexpr, flags_ptr, SKIP_BLOCK: tl.constexpr):
     """Sort path: acc with the nonzero partials among [k0, k0 + SKIP_BLOCK) of a flagged run folded in, in order.
 
     The block's flags in one vector load; the u-th nonzero partial is the one whose rank among
@@ -1238,7 +1246,7 @@ def _fold_nonzero(acc, partials_ptr, run_start, k0, num_partials, hidden, cols, 
     then added in order. Past the last one the load is masked: +0, which leaves the sum (never -0).
     """
     ks = k0 + tl.arange(0, SKIP_BLOCK)
-    nonzero = _flags_block(flags_ptr, flag_stride, run_start, k0, num_partials, SPAN, SKIP_BLOCK, 0) != 0
+    nonzero = _flags_block(flags_ptr, run_start, k0, num_partials, SPAN, SKIP_BLOCK, 0) != 0
     rank = tl.cumsum(nonzero.to(tl.int32), axis=0) - 1
     count = tl.sum(nonzero.to(tl.int32), axis=0)
     for g in range(0, count, BATCH):
@@ -1251,10 +1259,10 @@ def _fold_nonzero(acc, partials_ptr, run_start, k0, num_partials, hidden, cols, 
 
 
 @triton.jit
-def _flags_block(flags_ptr, flag_stride, run_start, k0, num_partials, SPAN: tl.constexpr, SKIP_BLOCK: tl.constexpr, PAST: tl.constexpr):
+def _flags_block(flags_ptr, run_start, k0, num_partials, SPAN: tl.constexpr, SKIP_BLOCK: tl.constexpr, PAST: tl.constexpr):
     """The flags of partials [k0, k0 + SKIP_BLOCK) of the run, one vector load; past its last partial, PAST."""
     ks = k0 + tl.arange(0, SKIP_BLOCK)
-    return tl.load(flags_ptr + _partial_row(run_start, ks, False, SPAN).to(tl.int64) * flag_stride, mask=ks < num_partials, other=PAST)
+    return tl.load(flags_ptr + _partial_row(run_start, ks, False, SPAN), mask=ks < num_partials, other=PAST)
 
 
 @triton.jit
@@ -1342,7 +1350,7 @@ def _fold_runs(ws_ptr, partials_ptr, main_grad_ptr, flags_ptr, n, hidden, main_g
         key = tl.load(ws_ptr + _KEYS * n + run_start)
         _wait_for(arrivals + run_start, num_partials * num_hb)
         acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, False, SPAN, GRAD_ROUNDING, FOLD_BATCH, ".cg",
-                    FOLD_STAGES, flags_ptr + (f % chunks) * FOLD_H // BLOCK_H, num_hb, SKIP_MIN, SKIP_BLOCK, SKIP_WIDE)
+                    FOLD_STAGES, _flag(flags_ptr, n, (f % chunks) * FOLD_H // BLOCK_H, 0, SPAN), SKIP_MIN, SKIP_BLOCK, SKIP_WIDE)
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
 
 
@@ -1393,7 +1401,7 @@ def _long_runs_kernel(
         if early:  # this run's partials are in once its arrival counter is full
             _wait_for(arrivals + run_start, num_partials * partial_hb)
         acc = _fold(partials_ptr, run_start, num_partials, hidden, cols, live_h, FEATURE_PATH, SPAN, GRAD_ROUNDING, BATCH, "", STAGES,
-                    flags_ptr + tl.program_id(1) * BLOCK_H // PARTIAL_BLOCK_H, partial_hb, SKIP_MIN, SKIP_BLOCK, SKIP_WIDE)
+                    _flag(flags_ptr, n, tl.program_id(1) * BLOCK_H // PARTIAL_BLOCK_H, 0, SPAN), SKIP_MIN, SKIP_BLOCK, SKIP_WIDE)
         _add_to_row(main_grad_ptr + key.to(tl.int64) * main_grad_stride, cols, live_h, acc, MAIN_ROUNDING)
     if early:
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
@@ -1851,11 +1859,11 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
 
 
 def _flags(partials, cfg: _Config, launch) -> torch.Tensor:
-    """Sort path with zero_skip: int32 [partial rows, H blocks], whether each long-run partial is nonzero (never
-    read before written); else a placeholder the kernels never touch."""
+    """Sort path with zero_skip: int32 [H blocks, partial rows], whether each long-run partial is nonzero (never
+    read before written; _flag); else a placeholder the kernels never touch."""
     if not cfg.zero_skip:
         return partials
-    return launch.empty(partials.shape[0], triton.cdiv(partials.shape[1], cfg.block_h), dtype=torch.int32, device=partials.device)
+    return launch.empty(triton.cdiv(partials.shape[1], cfg.block_h), partials.shape[0], dtype=torch.int32, device=partials.device)
 
 
 def _long_runs_stage(plan: _Plan, partials, flags, main_grad, problem: Problem, cfg: _Config, launch=None) -> None:
