@@ -355,7 +355,8 @@ def _partial_row(run_start, k, FEATURE_PATH: tl.constexpr, SPAN: tl.constexpr):
 def _flag(flags_ptr, n, hb, row, SPAN: tl.constexpr):
     """Sort path: the zero-skip flag of scratch row `row` in H block hb. The flags are [H blocks,
     partial_buffer_rows]: a fold reads one H block's flags of a run's partials, whose rows are two
-    apart (_partial_row), so 8 bytes apart here (not 8 * H blocks: NOTES v54)."""
+    apart (_partial_row), so 8 bytes apart here (not 8 * H blocks: NOTES v54). The rows of an H
+    block: 2 * cdiv(n, SPAN), embwgrad_core.partial_buffer_rows on the sort path (_flags allocates them)."""
     return flags_ptr + (2 * tl.cdiv(n, SPAN)).to(tl.int64) * hb + row
 
 
@@ -1863,6 +1864,7 @@ def _flags(partials, cfg: _Config, launch) -> torch.Tensor:
     read before written; _flag); else a placeholder the kernels never touch."""
     if not cfg.zero_skip:
         return partials
+    assert cfg.path != FEATURE, "flags mark the sort path's partials (_flag's rows are its partial_buffer_rows)"
     return launch.empty(triton.cdiv(partials.shape[1], cfg.block_h), partials.shape[0], dtype=torch.int32, device=partials.device)
 
 
