@@ -165,10 +165,8 @@ def run_gap():
 
 def _gap_kind(ids, grad, main_grad, mask):
     """run_gap's figures for one call (mask None: the dropped bound), us, by name."""
-    import triton
     from bench_torch import graph_ms
 
-    from embwgrad_core.constants import NROWS
     from torch_frontend import embedding_wgrad as ew
 
     n = ids.numel()
@@ -192,15 +190,13 @@ def _gap_kind(ids, grad, main_grad, mask):
 
         def records():
             plan.workspace.copy_(saved)
-            ew._masked_records_kernel[(triton.cdiv(n, ew.MASKED_RECORDS_BLOCK),)](
-                plan.workspace, mask, flags, n, cfg.max_long_runs, triton.cdiv(problem.hidden, cfg.block_h), BLOCK=ew.MASKED_RECORDS_BLOCK,
-                SPAN=NROWS, SPAN_P2=triton.next_power_of_2(NROWS), DEFER=plan.deferred, POLICY="evict_last" if cfg.plan_evict_last else "",
-                PDL=False, num_warps=4)
+            ew._masked_records_stage(plan, mask, flags, problem.hidden, cfg, ew._Launcher())
 
         row["records kernel"] = (graph_ms(records) - t_copy) * 1e3
-    base = (ew._REC.value + ew._REC_FIELDS.value) * n  # _LONG
+    base = ew._LONG.value * n  # the long-run counter; the list from _HEADER on (ew._listed)
+    listed_at = base + ew._HEADER.value
     count = int(done[base])
-    entries = done[base + 64 : base + 64 + 2 * count].view(-1, 2).clone()
+    entries = done[listed_at : listed_at + 2 * count].view(-1, 2).clone()
     row["long runs"] = count
     lists = {"folds": entries}
     zero = entries[:, 0] == 0  # row 0's run starts at slot 0 (the smallest key)
@@ -209,7 +205,7 @@ def _gap_kind(ids, grad, main_grad, mask):
     for name, listed in lists.items():
         ws = done.clone()
         ws[base] = listed.shape[0]
-        ws[base + 64 : base + 64 + 2 * listed.shape[0]] = listed.flatten()
+        ws[listed_at : listed_at + 2 * listed.shape[0]] = listed.flatten()
         plan.workspace.copy_(ws)
         row[name] = graph_ms(lambda: ew._long_runs_stage(plan, partials, flags, main_grad, problem, cfg)) * 1e3
     return row

@@ -1814,9 +1814,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         if masked is None or cfg.zero_skip != plan.deferred or cfg.path == FEATURE:
             raise ValueError(f"a plan made with masked needs the same masked and zero_skip ({plan.deferred}), got "
                              f"masked={masked is not None} and zero_skip={cfg.zero_skip} on the {cfg.path} path")
-        launch(_masked_records_kernel, (triton.cdiv(n, MASKED_RECORDS_BLOCK),),
-               (plan.workspace, masked, flags, n, cfg.max_long_runs, triton.cdiv(hidden, cfg.block_h)), 4, pdl=cfg.pdl,
-               BLOCK=MASKED_RECORDS_BLOCK, SPAN=NROWS, SPAN_P2=triton.next_power_of_2(NROWS), DEFER=plan.deferred, POLICY="evict_last" if cfg.plan_evict_last and cfg.sort == "merge" else "")
+        _masked_records_stage(plan, masked, flags, hidden, cfg, launch)
     items = n * triton.cdiv(hidden, cfg.block_h)  # feature path: one program each; sort path: at most this many
     folders = cfg.fold_programs
     programs = items if cfg.path == FEATURE else min(items, cfg.partial_programs) + folders
@@ -1857,6 +1855,15 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         MASKED=masked is not None and cfg.masked_reads,
     )
     return partials, flags
+
+
+def _masked_records_stage(plan: _Plan, masked, flags, hidden: int, cfg: _Config, launch) -> None:
+    """Sort path with masked, before the partials kernel: the records the plan deferred (_masked_records_kernel)."""
+    n = plan.n
+    launch(_masked_records_kernel, (triton.cdiv(n, MASKED_RECORDS_BLOCK),),
+           (plan.workspace, masked, flags, n, cfg.max_long_runs, triton.cdiv(hidden, cfg.block_h)), 4, pdl=cfg.pdl,
+           BLOCK=MASKED_RECORDS_BLOCK, SPAN=NROWS, SPAN_P2=triton.next_power_of_2(NROWS), DEFER=plan.deferred,
+           POLICY="evict_last" if cfg.plan_evict_last and cfg.sort == "merge" else "")
 
 
 def _flags(partials, cfg: _Config, launch) -> torch.Tensor:
