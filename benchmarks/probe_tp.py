@@ -11,7 +11,7 @@ variant "skip off" is a call without it), against the dense path on the shard's 
     python benchmarks/probe_tp.py                    (torch; default points, DEFAULT_VARIANTS)
     python benchmarks/probe_tp.py "default,fold_h 64"  (those variants of probe_calls.VARIANTS)
     PROBE_POINTS=8192:8,8192:2 python benchmarks/probe_tp.py   (n:TP)
-    python benchmarks/probe_tp.py --bound            (zero_rows against masked, and the other ranks' tokens dropped)
+    python benchmarks/probe_tp.py --bound            (zero_rows against masked, the other ranks' tokens dropped, the own tokens alone)
     python benchmarks/probe_tp.py --jax [variants]   (the JAX frontend, chains of donated calls; probe_jax.VARIANTS)
     python benchmarks/probe_tp.py --jax --bound      (--bound through the JAX frontend)
     python benchmarks/probe_tp.py --masked [variants]         (torch, those variants with masked=input_mask)
@@ -247,12 +247,15 @@ def run_bound():
     """The other ranks' zero rows, not read: the call on Megatron's input with zero_rows=True, the
     same call with masked=input_mask (checked bit for bit against the dense path), and a bound: the
     call with those tokens dropped (ids -1, which add nothing: no row read, no run at row 0; row 0's
-    bits may then differ, so not checked); the floor, and the floor of the shard's own tokens
+    bits may then differ, so not checked); the call on the shard's own tokens alone (compacted
+    beforehand, on the sort path: a bound for a plan over them only); the floor, and the floor of the shard's own tokens
     (their grad rows, their main_grad rows and row 0's)."""
     import torch
     from bench_torch import copy_bandwidth, dense_expected, graph_ms, same_bits
 
     import torch_frontend
+    from embwgrad_core.constants import SORT
+    from torch_frontend import embedding_wgrad as ew
 
     bw = copy_bandwidth()
     for n, tp in points():
@@ -266,10 +269,15 @@ def run_bound():
         t_call = graph_ms(lambda: torch_frontend.accumulate(ids, grad, out, zero_rows=True)) * 1e3
         t_masked = graph_ms(lambda: torch_frontend.accumulate(ids, grad, out, masked=masked)) * 1e3
         t_drop = graph_ms(lambda: torch_frontend.accumulate(dropped, grad, out, zero_rows=True)) * 1e3
+        # The shard's own tokens only, compacted beforehand (untimed), on the sort path whatever
+        # their number: a bound for a plan over those tokens alone (row 0's bits not checked).
+        own_ids, own_grad = ids[~masked], grad[~masked]
+        own_problem = ew._check(own_ids, own_grad, out, None)
+        t_own = graph_ms(lambda: ew._launch(own_ids, own_grad, out, own_problem, SORT, True)) * 1e3
         own = local[inside]
         own_bytes = own.size * REAL_H * 2 + 2 * np.unique(np.concatenate([own, [0]])).size * REAL_H * 4
         print(f"n={n} TP={tp}: zero_rows {t_call:.1f} us, masked {t_masked:.1f}{'' if ok else ' DIFFERENT'}, dropped {t_drop:.1f}, "
-              f"floor {floor_bytes(local, REAL_H) / bw * 1e3:.1f}, own tokens' floor {own_bytes / bw * 1e3:.1f}", flush=True)
+              f"own tokens alone {t_own:.1f}, floor {floor_bytes(local, REAL_H) / bw * 1e3:.1f}, own tokens' floor {own_bytes / bw * 1e3:.1f}", flush=True)
 
 
 def run_bound_jax():

@@ -104,6 +104,11 @@ ZERO_SKIP_WIDE = 4
 #: An implementation choice, not arithmetic.
 ROWS_AHEAD_ELEMENTS = 256 * 7168
 
+#: The id that Megatron's vocab-parallel lookup gives the tokens of other ranks' shards
+#: (``masked_input[input_mask] = 0``). :func:`embwgrad_core.plan.make_masked_plan` leaves
+#: masked tokens of this id out of the sort; a masked token of any other id stays in it.
+MASKED_LOOKUP_ID = 0
+
 #: Path names, as :func:`embwgrad_core.plan.torch_path` returns them.
 FEATURE = "feature"
 SORT = "sort"

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .constants import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_MIN_BLOCK, NROWS, ROWS_AHEAD_ELEMENTS, SORT
+from .constants import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_MAX_BLOCKS, MERGE_MIN_BLOCK, NROWS, ROWS_AHEAD_ELEMENTS, SORT
 
 
 def torch_path(num_tokens: int) -> str:
@@ -223,22 +223,32 @@ def make_plan(ids, num_embeddings: int, *, padding_idx: int = -1, path: str | No
         raise ValueError(f"path={path!r} must be {FEATURE!r} or {SORT!r}")
     order = np.argsort(keys, kind="stable")
     sorted_keys, sorted_pos = keys[order], order.astype(np.int64)
-    slots = np.arange(n, dtype=np.int64)
-
-    new_run = np.ones(n, dtype=bool)
-    new_run[1:] = sorted_keys[1:] != sorted_keys[:-1]
-    run_slot = slots[new_run]
-    run_index = np.cumsum(new_run) - 1
-    run_len = np.diff(np.append(run_slot, n))
-    run_start = run_slot[run_index]
-    run_end = run_start + run_len[run_index]
-
+    new_run, run_start = _runs(sorted_keys)
     if path == SORT:
-        partial_start = (slots - run_start) % NROWS == 0
+        partial_start = (np.arange(n) - run_start) % NROWS == 0
     else:
         chunk = sorted_pos // CHUNK
         partial_start = new_run.copy()
         partial_start[1:] |= chunk[1:] != chunk[:-1]
+    return _plan_arrays(path, sorted_keys, sorted_pos, new_run, run_start, partial_start)
+
+
+def _runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(new_run, run_start) of every slot: whether it starts a run, and the slot its run starts at."""
+    n = sorted_keys.size
+    new_run = np.ones(n, dtype=bool)
+    new_run[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    return new_run, np.flatnonzero(new_run)[np.cumsum(new_run) - 1].astype(np.int64)
+
+
+def _plan_arrays(path, sorted_keys, sorted_pos, new_run, run_start, partial_start) -> Plan:
+    """The Plan of sorted slots, given where runs and partials start."""
+    n = sorted_keys.size
+    slots = np.arange(n, dtype=np.int64)
+    run_slot = slots[new_run]
+    run_index = np.cumsum(new_run) - 1
+    run_len = np.diff(np.append(run_slot, n))
+    run_end = run_start + run_len[run_index]
     partial_index = np.cumsum(partial_start) - 1
     partial_slot = slots[partial_start]
     run_first_partial = partial_index[run_slot] if n else np.zeros(0, np.int64)
@@ -263,3 +273,45 @@ def make_plan(ids, num_embeddings: int, *, padding_idx: int = -1, path: str | No
         run_partials=run_partials,
         run_first_partial=run_first_partial,
     )
+
+
+def make_masked_plan(ids, num_embeddings: int, masked, *, padding_idx: int = -1) -> Plan:
+    """The sort path's plan with Megatron's input_mask, over the tokens that can matter only.
+
+    On a rank of TP = 8 about 7/8 of the tokens are masked, all looked up as MASKED_LOOKUP_ID,
+    and add +0. They still count in that id's run: a real token's partial is its rank among
+    *all* the run's tokens, masked or not, divided by NROWS. But those tokens all carry one id,
+    so a real token's rank there is its rank among the run's unmasked tokens plus the number of
+    masked tokens of that id before it: a prefix count over positions, no sort. So the masked
+    tokens of MASKED_LOOKUP_ID are left out (all but the first, which keeps the run, and with
+    it the dense path's add of +0 to that row, where every token of the id is masked), and the
+    plan is made over the m tokens left, stably sorted by id as make_plan does. Masked tokens of
+    other ids stay, as zero rows.
+
+    The slots are those m tokens (``num_tokens`` = m; ``sorted_pos`` are positions in ids). In
+    the run of MASKED_LOOKUP_ID a partial starts where rank // NROWS changes, so a partial may
+    hold fewer than NROWS slots anywhere in the run, and partials of masked tokens only are
+    not there at all: they are +0, and a run's fold starts at +0 and is never -0, so leaving
+    them out changes no bit. ``partial_ord`` counts the partials that are there; the other runs
+    are as in make_plan. partial_row's scratch layout does not hold for that run (its partials
+    may start fewer than NROWS slots apart): kernels on this plan need a layout of their own.
+    With grad's masked rows taken as +0, reference.partial_sums and
+    reference.fold_runs on this plan give reference.weight_grad_rows' bits on the sort path
+    (tests/test_core.py), reading no row of a left-out token. A measured bound for kernels on
+    this plan (benchmarks/NOTES.md v55): the call on the shard's own tokens alone takes 43-55% less
+    time than masked at 4096-65536 tokens, TP = 8 (H200).
+    """
+    keys = sanitize_ids(ids, num_embeddings, padding_idx)
+    masked = np.asarray(masked, dtype=bool).reshape(-1)
+    left_out = masked & (keys == MASKED_LOOKUP_ID)
+    if left_out.any():
+        left_out[np.argmax(left_out)] = False
+    kept = np.flatnonzero(~left_out)
+    before = np.cumsum(left_out)[kept]  # left-out tokens before each kept one
+    order = np.argsort(keys[kept], kind="stable")
+    sorted_keys, sorted_pos, lead = keys[kept][order], kept[order].astype(np.int64), before[order]
+    new_run, run_start = _runs(sorted_keys)
+    rank = np.arange(sorted_keys.size) - run_start + np.where(sorted_keys == MASKED_LOOKUP_ID, lead, 0)
+    partial_start = new_run.copy()
+    partial_start[1:] |= rank[1:] // NROWS != rank[:-1] // NROWS
+    return _plan_arrays(SORT, sorted_keys, sorted_pos, new_run, run_start, partial_start)

@@ -19,8 +19,10 @@ from embwgrad_core import (
     FEATURE_PATH_MAX_TOKENS,
     NROWS,
     SORT,
+    MASKED_LOOKUP_ID,
     key_packing,
     MERGE_MAX_BLOCKS,
+    make_masked_plan,
     make_plan,
     merge_block,
     merge_ranks,
@@ -147,6 +149,73 @@ def test_partial_row_sort_path_is_injective_for_adversarial_runs():
             plan = make_plan(np.repeat(np.arange(len(lengths)), lengths), len(lengths), path=SORT)
             rows = [int(partial_row(r, k, SORT)) for r, m in plan.long_runs for k in range(m)]
             assert len(set(rows)) == len(rows) and max(rows) < partial_buffer_rows(plan.num_tokens, SORT)
+
+
+# ----------------------------------------------------------------------------- the masked plan
+
+
+def _masked_plan_matches_reference(ids, masked, grad, num_embeddings, padding_idx):
+    """make_masked_plan's sums equal the sort path's on grad with the masked rows zeroed, reading no left-out row."""
+    zeroed = np.where(masked[:, None], np.zeros((), grad.dtype), grad)
+    rows, values = reference.weight_grad_rows(ids, zeroed, num_embeddings, padding_idx=padding_idx, path=SORT)
+    plan = make_masked_plan(ids, num_embeddings, masked, padding_idx=-1 if padding_idx is None else padding_idx)
+    keys = sanitize_ids(ids, num_embeddings, -1 if padding_idx is None else padding_idx)
+    left_out = np.ones(ids.size, bool)
+    left_out[plan.sorted_pos] = False
+    assert (masked[left_out] & (keys[left_out] == MASKED_LOOKUP_ID)).all()
+    assert left_out.sum() == max(int((masked & (keys == MASKED_LOOKUP_ID)).sum()) - 1, 0)
+    assert (plan.partial_len >= 1).all() and (plan.partial_len <= NROWS).all()
+    unread = zeroed.copy()
+    unread[left_out] = np.nan  # never read
+    gw = reference.fold_runs(plan, reference.partial_sums(plan, unread), unread.dtype.name)
+    keep = plan.run_key >= 0
+    np.testing.assert_array_equal(plan.run_key[keep], rows)
+    assert_bits_equal(gw[keep].astype(grad.dtype), values, "masked plan")
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.booleans()), min_size=1, max_size=400),
+    st.floats(0, 1),
+    st.sampled_from([None, 0, 2]),
+    st.integers(0, 2**32 - 1),
+)
+def test_masked_plan_gives_the_sort_paths_bits(tokens, share, padding_idx, seed):
+    """Any ids and mask (masked tokens of other ids too); rows of mixed magnitudes and signed zeros, so that
+    a partial's boundary or a left-out +0 would show in the bits."""
+    rng = np.random.default_rng(seed)
+    ids = np.array([t[0] for t in tokens])
+    masked = np.array([t[1] for t in tokens]) | (rng.random(ids.size) < share)
+    ids = np.where(masked & (rng.random(ids.size) < 0.8), MASKED_LOOKUP_ID, ids)  # most masked tokens at Megatron's id
+    grad = (rng.standard_normal((ids.size, 3)) * 2.0 ** rng.integers(-30, 30, (ids.size, 3))).astype(np.float32)
+    grad[rng.random(grad.shape) < 0.1] = -0.0
+    for dtype in (np.float32, BF16):
+        _masked_plan_matches_reference(ids, masked, grad.astype(dtype), 6, padding_idx)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("n, share", [(300, 0.5), (2000, 0.875)])
+def test_masked_plan_with_many_real_tokens_at_the_masked_id(n, share, seed):
+    """Many unmasked tokens at MASKED_LOOKUP_ID among the masked ones (row 0 of the shard a frequent
+    id), so that each of them must fall in the partial of its rank among all the id's tokens."""
+    rng = np.random.default_rng(seed)
+    masked = rng.random(n) < share
+    ids = np.where(masked | (rng.random(n) < 0.3), MASKED_LOOKUP_ID, rng.integers(0, 40, n))
+    grad = (rng.standard_normal((n, 4)) * 2.0 ** rng.integers(-30, 30, (n, 4))).astype(np.float32)
+    _masked_plan_matches_reference(ids, masked, grad, 40, None)
+    _masked_plan_matches_reference(ids, masked, grad.astype(BF16), 40, None)
+
+
+def test_masked_plan_on_megatron_ids():
+    """Megatron's vocab-parallel ids on a rank of TP = 8 (7/8 of the tokens masked at id 0): the plan
+    keeps the shard's tokens and one masked token, and gives the sort path's bits."""
+    ids = zipf_ids(8192, 4096, seed=5)
+    masked = (ids < 512) | (ids >= 1024)
+    local = np.where(masked, 0, ids - 512)
+    grad = np.random.default_rng(5).standard_normal((8192, 8)).astype(BF16)
+    plan = make_masked_plan(local, 512, masked)
+    assert plan.num_tokens == (~masked).sum() + 1
+    _masked_plan_matches_reference(local, masked, grad, 512, None)
 
 
 # ----------------------------------------------------------------------------- reference: hand-worked order
