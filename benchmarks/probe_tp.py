@@ -13,7 +13,7 @@ variant "skip off" is a call without it), against the dense path on the shard's 
     PROBE_POINTS=8192:8,8192:2 python benchmarks/probe_tp.py   (n:TP)
     python benchmarks/probe_tp.py --bound            (zero_rows against masked, the other ranks' tokens dropped, the own tokens alone)
     python benchmarks/probe_tp.py --jax [variants]   (the JAX frontend, chains of donated calls; probe_jax.VARIANTS)
-    python benchmarks/probe_tp.py --jax --bound      (--bound through the JAX frontend)
+    python benchmarks/probe_tp.py --jax --bound      (--bound through the JAX frontend, the own tokens alone too)
     python benchmarks/probe_tp.py --masked [variants]         (torch, those variants with masked=input_mask)
     python benchmarks/probe_tp.py --stages [--masked]         (torch, each stage alone in its own graph)
     python benchmarks/probe_tp.py --stages --dropped          (the same for --bound's dropped tokens, ids -1)
@@ -281,13 +281,15 @@ def run_bound():
 
 
 def run_bound_jax():
-    """run_bound's three calls through the JAX frontend (chains of donated calls), masked's checked
-    bit for bit against the core reference on the rows it touches."""
+    """run_bound's calls through the JAX frontend (chains of donated calls), masked's checked bit for
+    bit against the core reference on the rows it touches."""
     import jax.numpy as jnp
     from bench_jax import chain_ms
 
     import jax_frontend
     from embwgrad_core import reference
+    from embwgrad_core.constants import SORT
+    from jax_frontend import embedding_wgrad as ew
 
     for n, tp in points():
         local, inside, shard = tp_inputs(n, tp)
@@ -302,8 +304,10 @@ def run_bound_jax():
         t_call, _ = chain_ms(lambda mg: jax_frontend.accumulate(ids, grad, mg, zero_rows=True), jnp.asarray(mg0))
         t_masked, _ = chain_ms(lambda mg: jax_frontend.accumulate(ids, grad, mg, masked=masked), jnp.asarray(mg0))
         t_drop, _ = chain_ms(lambda mg: jax_frontend.accumulate(dropped, grad, mg, zero_rows=True), jnp.asarray(mg0))
+        own_ids, own_grad = ids[np.flatnonzero(inside)], grad[np.flatnonzero(inside)]  # run_bound's own tokens alone, sort path
+        t_own, _ = chain_ms(lambda mg: ew._accumulate_alone(own_ids, own_grad, mg, zero_rows=True, path=SORT), jnp.asarray(mg0))
         print(f"JAX n={n} TP={tp}: zero_rows {t_call * 1e3:.1f} us, masked {t_masked * 1e3:.1f}{'' if ok else ' DIFFERENT'}, "
-              f"dropped {t_drop * 1e3:.1f}", flush=True)
+              f"dropped {t_drop * 1e3:.1f}, own tokens alone {t_own * 1e3:.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -286,7 +286,8 @@ def make_masked_plan(ids, num_embeddings: int, masked, *, padding_idx: int = -1)
     tokens of MASKED_LOOKUP_ID are left out (all but the first, which keeps the run, and with
     it the dense path's add of +0 to that row, where every token of the id is masked), and the
     plan is made over the m tokens left, stably sorted by id as make_plan does. Masked tokens of
-    other ids stay, as zero rows.
+    other ids stay, as zero rows; so do all tokens when padding_idx is MASKED_LOOKUP_ID (their key
+    is then -1: they add nothing, and the plan is make_plan's on the sort path).
 
     The slots are those m tokens (``num_tokens`` = m; ``sorted_pos`` are positions in ids). In
     the run of MASKED_LOOKUP_ID a partial starts where rank // NROWS changes, so a partial may
