@@ -302,17 +302,28 @@ def make_masked_plan(ids, num_embeddings: int, masked, *, padding_idx: int = -1)
     this plan (benchmarks/NOTES.md v55): the call on the shard's own tokens alone takes 43-55% less
     time than masked at 4096-65536 tokens, TP = 8 (H200).
     """
-    keys = sanitize_ids(ids, num_embeddings, padding_idx)
-    masked = np.asarray(masked, dtype=bool).reshape(-1)
-    left_out = masked & (keys == MASKED_LOOKUP_ID)
-    if left_out.any():
-        left_out[np.argmax(left_out)] = False
-    kept = np.flatnonzero(~left_out)
-    before = np.cumsum(left_out)[kept]  # left-out tokens before each kept one
-    order = np.argsort(keys[kept], kind="stable")
-    sorted_keys, sorted_pos, lead = keys[kept][order], kept[order].astype(np.int64), before[order]
+    kept, kept_keys, before = masked_compaction(ids, num_embeddings, masked, padding_idx=padding_idx)
+    order = np.argsort(kept_keys, kind="stable")
+    sorted_keys, sorted_pos, lead = kept_keys[order], kept[order], before[order]
     new_run, run_start = _runs(sorted_keys)
     rank = np.arange(sorted_keys.size) - run_start + np.where(sorted_keys == MASKED_LOOKUP_ID, lead, 0)
     partial_start = new_run.copy()
     partial_start[1:] |= rank[1:] // NROWS != rank[:-1] // NROWS
     return _plan_arrays(SORT, sorted_keys, sorted_pos, new_run, run_start, partial_start)
+
+
+def masked_compaction(ids, num_embeddings: int, masked, *, padding_idx: int = -1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """make_masked_plan's first step: (kept positions ascending, their keys, left-out tokens before each), int64.
+
+    One prefix count over positions gives all three. With L the masked tokens of key
+    MASKED_LOOKUP_ID and E[t] the number of them before position t, the first of them is kept
+    (E == 0) and the others are left out, so a kept token t has max(E[t] - 1, 0) left-out tokens
+    before it and lands at index t - max(E[t] - 1, 0) of the kept list (a kernel's output slot).
+    """
+    keys = sanitize_ids(ids, num_embeddings, padding_idx)
+    masked = np.asarray(masked, dtype=bool).reshape(-1)
+    marked = masked & (keys == MASKED_LOOKUP_ID)
+    before_all = np.cumsum(marked) - marked  # E: such tokens before each position
+    left_out = marked & (before_all > 0)
+    kept = np.flatnonzero(~left_out).astype(np.int64)
+    return kept, keys[kept], np.maximum(before_all[kept] - 1, 0)

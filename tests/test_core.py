@@ -24,6 +24,7 @@ from embwgrad_core import (
     MERGE_MAX_BLOCKS,
     make_masked_plan,
     make_plan,
+    masked_compaction,
     merge_block,
     merge_ranks,
     pack_keys,
@@ -160,6 +161,8 @@ def _masked_plan_matches_reference(ids, masked, grad, num_embeddings, padding_id
     rows, values = reference.weight_grad_rows(ids, zeroed, num_embeddings, padding_idx=padding_idx, path=SORT)
     plan = make_masked_plan(ids, num_embeddings, masked, padding_idx=-1 if padding_idx is None else padding_idx)
     keys = sanitize_ids(ids, num_embeddings, -1 if padding_idx is None else padding_idx)
+    kept, _, before = masked_compaction(ids, num_embeddings, masked, padding_idx=-1 if padding_idx is None else padding_idx)
+    np.testing.assert_array_equal(kept - before, np.arange(kept.size))  # a kept token's slot, from its prefix count alone
     left_out = np.ones(ids.size, bool)
     left_out[plan.sorted_pos] = False
     assert (masked[left_out] & (keys[left_out] == MASKED_LOOKUP_ID)).all()
