@@ -159,9 +159,10 @@ def _masked_plan_matches_reference(ids, masked, grad, num_embeddings, padding_id
     """make_masked_plan's sums equal the sort path's on grad with the masked rows zeroed, reading no left-out row."""
     zeroed = np.where(masked[:, None], np.zeros((), grad.dtype), grad)
     rows, values = reference.weight_grad_rows(ids, zeroed, num_embeddings, padding_idx=padding_idx, path=SORT)
-    plan = make_masked_plan(ids, num_embeddings, masked, padding_idx=-1 if padding_idx is None else padding_idx)
-    keys = sanitize_ids(ids, num_embeddings, -1 if padding_idx is None else padding_idx)
-    kept, _, before = masked_compaction(ids, num_embeddings, masked, padding_idx=-1 if padding_idx is None else padding_idx)
+    pad = -1 if padding_idx is None else padding_idx  # (the plan's convention: -1 for none)
+    plan = make_masked_plan(ids, num_embeddings, masked, padding_idx=pad)
+    keys = sanitize_ids(ids, num_embeddings, pad)
+    kept, _, before = masked_compaction(ids, num_embeddings, masked, padding_idx=pad)
     np.testing.assert_array_equal(kept - before, np.arange(kept.size))  # a kept token's slot, from its prefix count alone
     left_out = np.ones(ids.size, bool)
     left_out[plan.sorted_pos] = False
