@@ -51,15 +51,28 @@ def variants():
         yield f"rank ids={ids}", ew._rank_kernel, {"ids_ptr": ids}, {"PDL": True, "CHUNK_SIZE": CHUNK, "BLOCK_I": ew.RANK_TILES[0], "BLOCK_J": ew.RANK_TILES[1]}
         for block in (256, 512, 2048):
             tiles = merge_tiles(block)
-            consts = {"BLOCK": block, "BLOCK_I": tiles.block_i, "TILE": tiles.tile, "COUNT": True, "PDL": True}
+            consts = {"BLOCK": block, "BLOCK_I": tiles.block_i, "TILE": tiles.tile, "COUNT": True, "COMPACT": False, "PDL": True}
             yield f"block_sort {block} ids={ids}", ew._block_sort_kernel, {"ids_ptr": ids}, consts
+        # accumulate's masked on the merge sort: the masked route's compaction, its block sort (on the compacted keys) and row 0.
+        yield f"compact_counts ids={ids}", ew._compact_counts_kernel, {"ids_ptr": ids, "masked_ptr": "*u8"}, {"BLOCK": ew.COMPACT_BLOCK, "PDL": True}
+        yield f"compact ids={ids}", ew._compact_kernel, {"ids_ptr": ids, "masked_ptr": "*u8"}, {"BLOCK": ew.COMPACT_BLOCK, "BLOCKS_P2": 64, "PDL": True}
+    tiles = merge_tiles(512)
+    yield "block_sort compact", ew._block_sort_kernel, {}, {"BLOCK": 512, "BLOCK_I": tiles.block_i, "TILE": tiles.tile, "COUNT": False, "COMPACT": True,
+                                                             "PDL": True}
+    for grad, main in ((1, 0), (0, 0), (2, 1)):
+        types = {"grad_ptr": "*" + DTYPES[grad], "main_grad_ptr": "*" + DTYPES[main]}
+        types.update({k: "i64" for k in ("grad_stride0", "grad_stride1", "grad_stride_h", "main_grad_stride")})
+        yield (f"row0 grad={DTYPES[grad]} main_grad={DTYPES[main]}", ew._row0_kernel, types,
+               {"SPAN": NROWS, "GRAD_ROUNDING": grad, "MAIN_ROUNDING": main, "BLOCK_H": ew.ROW0_BLOCK_H, "PDL": True})
     for block, blocks in ((256, 32), (512, 64), (2048, 64)):
         consts = {"BLOCK": block, "NUM_BLOCKS": blocks, "STEPS": 5, "BLOCK_U": 1024 // blocks, "SPAN": NROWS,
                   "GROUP_P2": 32, "WINDOW": 16, "COUNT": True, "PDL": True, "COUNT_AGGREGATE": ew.COUNT_AGGREGATE,
-                  "PLAN_POLICY": "evict_last" if ew.PLAN_EVICT_LAST else "", "DEFER": 0}
+                  "PLAN_POLICY": "evict_last" if ew.PLAN_EVICT_LAST else "", "DEFER": 0, "COMPACT": False}
         yield f"merge_rank {block}x{blocks}", ew._merge_rank_kernel, {}, consts
-    # accumulate's masked: the records of runs with flags deferred to _masked_records_kernel.
+    # accumulate's masked: the records of runs with flags deferred to _masked_records_kernel (torch.sort),
+    # and the masked route's merge of the compacted tokens.
     yield "merge_rank masked", ew._merge_rank_kernel, {}, {**consts, "DEFER": ew.ZERO_SKIP_MIN_PARTIALS}
+    yield "merge_rank compact", ew._merge_rank_kernel, {}, {**consts, "COUNT": False, "COMPACT": True}
     for defer in (0, ew.ZERO_SKIP_MIN_PARTIALS):
         yield f"runs defer={defer}", ew._runs_kernel, {}, {"BLOCK": 1024, "SPAN": NROWS, "PDL": True, "DEFER": defer}  # after torch.sort only
     yield "masked_records", ew._masked_records_kernel, {"masked_ptr": "*u8"}, {"BLOCK": ew.MASKED_RECORDS_BLOCK, "SPAN": NROWS, "SPAN_P2": 16, "DEFER": ew.ZERO_SKIP_MIN_PARTIALS,

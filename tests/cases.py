@@ -184,6 +184,19 @@ def masked_tokens(grad_dtype: str = "bfloat16"):
     return ids, grad.astype(numpy_dtype(grad_dtype)), main_grad, masked
 
 
+def masked_row0_tokens(seed: int, n: int = 600, hidden: int = 8):
+    """(ids, grad, main_grad, masked) with many unmasked tokens of row 0 among its masked ones (row 0
+    of the shard a frequent id): each must fall in the sort path's partial of its rank among all of
+    row 0's tokens, and fp32 rows of magnitudes 2^-30 to 2^30 make a wrong grouping show in the
+    bits. 60% of the tokens masked at id 0, a quarter of the rest at id 0 too; masked rows NaN."""
+    rng = np.random.default_rng(seed)
+    masked = rng.random(n) < 0.6
+    ids = np.where(masked | (rng.random(n) < 0.25), 0, rng.integers(1, 40, n))
+    grad = (rng.standard_normal((n, hidden)) * 2.0 ** rng.integers(-30, 30, (n, hidden))).astype(np.float32)
+    grad[masked] = np.nan
+    return ids, grad, rng.standard_normal((40, hidden)).astype(np.float32), masked
+
+
 def assert_masked_flags(flags, partials, ids, grad, zero_skip: int, skip_block: int, block_h: int = 16) -> None:
     """A frontend's zero-skip flags ([partial rows, H blocks]) and scratch partials for masked_arrays'
     input: each flagged partial's flag per H block of block_h columns says whether the reference's

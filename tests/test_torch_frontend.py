@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torch_frontend
-from embwgrad_core import CHUNK, FEATURE, NROWS, SORT, make_plan, reference, torch_path
-from tests.cases import Case, assert_bits_equal, assert_partials_equal, assert_masked_flags, core_checked_on_gpu, cpu_cases, gpu_cases, masked_arrays, masked_tokens, runs_ids
+from embwgrad_core import CHUNK, FEATURE, MASKED_LOOKUP_ID, NROWS, SORT, make_plan, reference, torch_path
+from tests.cases import Case, assert_bits_equal, assert_partials_equal, assert_masked_flags, core_checked_on_gpu, cpu_cases, gpu_cases, masked_arrays, masked_row0_tokens, masked_tokens, runs_ids
 from torch_frontend import embedding_wgrad as ew
 
 HAS_CUDA = torch.cuda.is_available()
@@ -277,7 +277,13 @@ def test_masked_rows_are_not_read(route, defer):
     expected = reference.accumulate(ids, grad, main_grad, path=path, masked=masked)
     assert not np.isnan(expected).any()
     assert_bits_equal(to_numpy(out), expected)
-    if path == SORT:  # deferred: no record for a partial of a flagged run whose tokens are all masked
+    if plan.compact is not None:  # the masked route (merge sort): the plan is of the tokens not at row 0, no deferral
+        kept = np.flatnonzero(ids.reshape(-1) != MASKED_LOOKUP_ID)
+        core = make_plan(ids.reshape(-1)[kept], main_grad.shape[0], path=SORT)
+        np.testing.assert_array_equal(to_numpy(plan.sorted_pos)[: kept.size], kept[core.sorted_pos])
+        front, _ = plan.record_lists()
+        assert set(front[:, 0].tolist()) == set(core.partial_slot[core.run_partials[core.partial_run] > 1].tolist())
+    elif path == SORT:  # deferred: no record for a partial of a flagged run whose tokens are all masked
         core = make_plan(ids, main_grad.shape[0], path=SORT)
         ends = np.minimum(core.partial_slot + NROWS, core.run_end[core.partial_slot])
         flagged = core.run_partials[core.partial_run] >= cfg.zero_skip
@@ -286,6 +292,23 @@ def test_masked_rows_are_not_read(route, defer):
         listed = set(front[:, 0].tolist())
         assert listed == set(core.partial_slot[(core.run_partials[core.partial_run] > 1) & ~(defer & flagged & all_masked)].tolist())
         assert (flagged & all_masked).sum() >= 10  # row 0's
+
+
+@cpu_only
+@pytest.mark.parametrize("seed", range(2))
+def test_masked_route_groups_row0_by_rank(seed):
+    """The masked route on the merge sort: row 0's unmasked tokens summed in the partials of their
+    ranks among all of row 0's tokens (_row0_kernel), the other rows from the plan of the others;
+    the reference's bits with the masked rows (NaN) taken as +0."""
+    ids, grad, main_grad, masked = masked_row0_tokens(seed)
+    ids_t, grad_t, out = to_torch(ids), to_torch(grad), to_torch(main_grad)
+    problem = ew._check(ids_t, grad_t, out, None)
+    cfg = dataclasses.replace(ew._config(problem, SORT, True, zero_rows=True), block_h=16)
+    flat = to_torch(masked).view(torch.uint8)
+    plan = ew._plan_stage(ids_t, problem, cfg, masked=flat)
+    assert plan.compact is not None
+    ew._partials_stage(plan, grad_t, out, problem, cfg, masked=flat)
+    assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad, path=SORT, masked=masked))
 
 
 @cpu_only

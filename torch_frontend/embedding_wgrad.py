@@ -78,7 +78,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime import driver
 from triton.runtime.interpreter import InterpretedFunction
 
-from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, merge_block, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
+from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, merge_block, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
 from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args, check_masked
@@ -210,6 +210,12 @@ FOLD_TAIL = tl.constexpr(4)
 #: bytes of its partials' slots at once, [MASKED_RECORDS_BLOCK, 16] lanes.
 MASKED_RECORDS_BLOCK = 256
 
+#: Tokens per program of the masked route's compaction (_compact_counts_kernel, _compact_kernel;
+#: benchmarks/probe_compact.py: 256 and 512 alike, 6.8-9.3 us alone at 4096-65536 tokens, NOTES v55).
+COMPACT_BLOCK = 512
+#: Columns per program of the masked route's row-0 kernel (_row0_kernel): not tuned.
+ROW0_BLOCK_H = 256
+
 #: Sort path: partials programs per SM, the last to start, that take one item each: 0.3-0.9 us
 #: off against none at 8192 uniform ids (12 to 36 measured alike; NOTES v10).
 TAIL_PROGRAMS_PER_SM = 24
@@ -274,6 +280,8 @@ _LONE_COUNTED = tl.constexpr(5)  # counting programs done (_count_ids; the parti
 _COUNT_BLOCK = tl.constexpr(1024)  # tokens a counting program counts per step; one counting program per this many tokens
 _STATUS_READY = tl.constexpr(1 << 30)
 _WORKSPACE_ARRAYS = _LONG.value
+_MASKED_ID = tl.constexpr(MASKED_LOOKUP_ID)
+_COMPACT_ARRAYS = tl.constexpr(4)  # the masked route's kept keys, kept positions, row-0 positions, their ranks (_compact_kernel)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -513,31 +521,35 @@ def _block_sort_kernel(
     num_embeddings,  # V
     padding_idx,  # id that adds nothing, or -1
     counts_ptr,  # COUNT: int32 [V]: zeroed at each token's id
+    compact_ptr,  # COMPACT: int32, _compact_kernel's: its first m keys are the tokens, its second array their positions
     BLOCK: tl.constexpr,  # tokens per block: merge_block(n)
     BLOCK_I: tl.constexpr,  # tokens of the block ranked per program (program (b, c) ranks chunk c of block b)
     TILE: tl.constexpr,  # tokens compared per step
     COUNT: tl.constexpr,  # zero the counts of the tokens' ids (the merge counts them)
+    COMPACT: tl.constexpr,  # the masked route: sort compact_ptr's m tokens (ids_ptr is compact_ptr), n only the capacity
     PDL: tl.constexpr,  # launched with programmatic dependent launch
 ):
     """Sort path, step 1 of the merge-rank sort: sort each block of BLOCK tokens stably by counting."""
     _pdl_enter(PDL)
-    b0 = tl.program_id(0) * BLOCK
-    i = b0 + tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-    live = i < n
-    key_i = _load_keys(ids_ptr, i, live, num_embeddings, padding_idx)
-    before = tl.zeros([BLOCK_I, TILE], dtype=tl.int32)
-    for j0 in range(0, BLOCK, TILE):
-        j = b0 + j0 + tl.arange(0, TILE)
-        key_j = _load_keys(ids_ptr, j, j < n, num_embeddings, padding_idx)
-        earlier = (key_j[None, :] < key_i[:, None]) | ((key_j[None, :] == key_i[:, None]) & (j[None, :] < i[:, None]))
-        before += earlier.to(tl.int32)
-    rank = b0 + tl.sum(before, axis=1)
-    if COUNT:  # only these entries are read: no [V] memset
-        tl.store(counts_ptr + key_i, tl.zeros([BLOCK_I], dtype=tl.int32), mask=live & (key_i >= 0))
-    tl.store(ws_ptr + _AUX * n + rank, key_i, mask=live)
-    tl.store(ws_ptr + _AUX2 * n + rank, i, mask=live)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(ws_ptr + _LONG * n + tl.arange(0, _HEADER), tl.zeros([_HEADER], dtype=tl.int32))  # the counters
+    m = tl.load(compact_ptr + _COMPACT_ARRAYS * n) if COMPACT else n
+    b0 = tl.program_id(0) * BLOCK
+    if b0 < m:  # (COMPACT: blocks past the m tokens have nothing to sort)
+        i = b0 + tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+        live = i < m
+        key_i = _load_keys(ids_ptr, i, live, num_embeddings, padding_idx)
+        before = tl.zeros([BLOCK_I, TILE], dtype=tl.int32)
+        for j0 in range(0, BLOCK, TILE):
+            j = b0 + j0 + tl.arange(0, TILE)
+            key_j = _load_keys(ids_ptr, j, j < m, num_embeddings, padding_idx)
+            earlier = (key_j[None, :] < key_i[:, None]) | ((key_j[None, :] == key_i[:, None]) & (j[None, :] < i[:, None]))
+            before += earlier.to(tl.int32)
+        rank = b0 + tl.sum(before, axis=1)
+        if COUNT:  # only these entries are read: no [V] memset
+            tl.store(counts_ptr + key_i, tl.zeros([BLOCK_I], dtype=tl.int32), mask=live & (key_i >= 0))
+        tl.store(ws_ptr + _AUX * n + rank, key_i, mask=live)
+        tl.store(ws_ptr + _AUX2 * n + rank, tl.load(compact_ptr + n + i, mask=live) if COMPACT else i, mask=live)
 
 
 @triton.jit
@@ -580,6 +592,7 @@ def _merge_rank_kernel(
     lone_tokens,  # lone tokens at positions below this get no record (_append_records)
     counts_ptr,  # COUNT: int32 [V]: each id's tokens out, zeroed at those ids by the block sort
     merge_programs,  # COUNT: the programs that merge; the programs after them count
+    compact_ptr,  # COMPACT: _compact_kernel's output, whose header holds m
     BLOCK: tl.constexpr,  # tokens per block of _block_sort_kernel
     NUM_BLOCKS: tl.constexpr,  # a power of two >= cdiv(n, BLOCK)
     STEPS: tl.constexpr,  # binary-search steps: log2(BLOCK) + 1, or log2(WINDOW) + 1
@@ -592,6 +605,7 @@ def _merge_rank_kernel(
     COUNT_AGGREGATE: tl.constexpr,  # COUNT: one atomic per group of equal keys (_count_ids)
     PLAN_POLICY: tl.constexpr,  # L2 eviction policy of the sorted positions' and records' stores: "evict_last" or "" (none)
     DEFER: tl.constexpr,  # > 0: runs of this many partials or more get their records later (_masked_records_kernel)
+    COMPACT: tl.constexpr,  # the masked route: the block sort sorted m tokens, n only the capacity
 ):
     """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
 
@@ -605,13 +619,16 @@ def _merge_rank_kernel(
                        COUNT_AGGREGATE)
             return
     _pdl_enter(PDL)
+    m = tl.load(compact_ptr + _COMPACT_ARRAYS * n) if COMPACT else n
+    if (tl.program_id(0) * BLOCK_U >= m) & (tl.program_id(0) >= group):  # (COMPACT: past the tokens; the group's all publish)
+        return
     u = tl.program_id(0) * BLOCK_U + tl.arange(0, BLOCK_U)
-    live = u < n
+    live = u < m
     key = tl.load(ws_ptr + _AUX * n + u, mask=live, other=0)
     pos = tl.load(ws_ptr + _AUX2 * n + u, mask=live, other=0)
     own = u // BLOCK
     c = tl.arange(0, NUM_BLOCKS)
-    c_len = tl.minimum(tl.maximum(n - c * BLOCK, 0), BLOCK)[None, :]
+    c_len = tl.minimum(tl.maximum(m - c * BLOCK, 0), BLOCK)[None, :]
     c_keys = ws_ptr + _AUX * n + (c * BLOCK)[None, :]
     # Each search keeps only its lower end lo (the keys before it are < key, or <= key) and knows
     # the count lies in [lo, lo + w], w the window (or BLOCK): a probe at lo + s - 1 adds s to lo
@@ -830,6 +847,116 @@ def _masked_records_kernel(
     arrivals = _arrivals(ws_ptr, n, max_long_runs) + run_start
     tl.atomic_add(arrivals, count * num_hb, mask=last & (count != 0))
     tl.atomic_add(arrivals, (d - count) * num_hb, mask=first & (count != d))
+
+
+@triton.jit
+def _compact_counts_kernel(
+    ids_ptr,  # int32/int64 [n]: token ids in position order
+    masked_ptr,  # uint8 [n]: nonzero where masked
+    counts_ptr,  # int32 [2, blocks] out: each block's tokens of key MASKED_LOOKUP_ID, and those of them not masked
+    n,
+    num_embeddings,
+    padding_idx,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """The masked route's first kernel (_compact_stage): per block, the tokens that leave the plan for row 0's kernel."""
+    _pdl_enter(PDL)
+    t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = t < n
+    at_row = live & (_load_keys(ids_ptr, t, live, num_embeddings, padding_idx) == _MASKED_ID)
+    real = at_row & (tl.load(masked_ptr + t, mask=live, other=1) == 0)
+    tl.store(counts_ptr + tl.program_id(0), tl.sum(at_row.to(tl.int32), axis=0))
+    tl.store(counts_ptr + tl.num_programs(0) + tl.program_id(0), tl.sum(real.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _compact_kernel(
+    ids_ptr,  # int32/int64 [n]: token ids in position order
+    masked_ptr,  # uint8 [n]: nonzero where masked
+    counts_ptr,  # int32 [2, blocks]: _compact_counts_kernel's
+    compact_ptr,  # int32 [_COMPACT_ARRAYS * n + 3] out (_compact_stage)
+    n,
+    num_embeddings,
+    padding_idx,
+    BLOCK: tl.constexpr,
+    BLOCKS_P2: tl.constexpr,  # a power of two >= the number of blocks
+    PDL: tl.constexpr,
+):
+    """The masked route's compaction (embwgrad_core.masked_compaction's prefix count, with every token of
+    MASKED_LOOKUP_ID leaving the plan): the other tokens' keys and positions at slot t - (row-0 tokens
+    before t), the first m of compact_ptr's first two arrays; row 0's unmasked tokens' positions and
+    their ranks among all row-0 tokens at their index among them; the header (m, those, all row-0 tokens).
+    Each program sums the counts of the blocks before its own (no program waits on another)."""
+    b = tl.program_id(0)
+    t = b * BLOCK + tl.arange(0, BLOCK)
+    live = t < n
+    key = _load_keys(ids_ptr, t, live, num_embeddings, padding_idx)
+    at_row = (live & (key == _MASKED_ID)).to(tl.int32)
+    real = at_row * (tl.load(masked_ptr + t, mask=live, other=1) == 0).to(tl.int32)
+    _pdl_enter(PDL)  # (the counts: the kernel before)
+    blocks = tl.arange(0, BLOCKS_P2)
+    row_before = tl.sum(tl.load(counts_ptr + blocks, mask=blocks < b, other=0), axis=0) + tl.cumsum(at_row, axis=0) - at_row
+    real_before = tl.sum(tl.load(counts_ptr + tl.num_programs(0) + blocks, mask=blocks < b, other=0), axis=0) + tl.cumsum(real, axis=0) - real
+    kept = live & (at_row == 0)
+    tl.store(compact_ptr + t - row_before, key, mask=kept)
+    tl.store(compact_ptr + n + t - row_before, t, mask=kept)
+    tl.store(compact_ptr + 2 * n + real_before, t, mask=real != 0)
+    tl.store(compact_ptr + 3 * n + real_before, row_before, mask=real != 0)
+    if b == tl.num_programs(0) - 1:
+        rows = tl.max(tl.where(live, row_before + at_row, 0), axis=0)
+        reals = tl.max(tl.where(live, real_before + real, 0), axis=0)
+        tl.store(compact_ptr + _COMPACT_ARRAYS * n, n - rows)
+        tl.store(compact_ptr + _COMPACT_ARRAYS * n + 1, reals)
+        tl.store(compact_ptr + _COMPACT_ARRAYS * n + 2, rows)
+
+
+@triton.jit
+def _row0_kernel(
+    compact_ptr,  # int32: _compact_kernel's row-0 list and header
+    grad_ptr,  # [*S, H] bf16/fp16/fp32
+    main_grad_ptr,  # [V, H]
+    n,
+    hidden,
+    grad_dim1,  # position p's grad row: (p // grad_dim1) * grad_stride0 + (p % grad_dim1) * grad_stride1
+    grad_stride0,
+    grad_stride1,
+    grad_stride_h,
+    main_grad_stride,
+    SPAN: tl.constexpr,  # NROWS
+    GRAD_ROUNDING: tl.constexpr,
+    MAIN_ROUNDING: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """The masked route's row MASKED_LOOKUP_ID, these columns: its run's sort-path sum from its unmasked tokens alone.
+
+    A token's partial is its rank among all of the row's tokens, masked or not, // SPAN
+    (embwgrad_core.make_masked_plan). The unmasked ones, in position order, have rising ranks,
+    so each partial's tokens are next to each other in the list: a partial is summed from +0 in
+    order, the partials are added from +0 in order (partials of masked tokens only would add +0
+    to a sum that is never -0: left out), rounded to grad's dtype and added to main_grad. Where
+    the row has tokens but none unmasked the add is of +0, as the dense path's.
+    """
+    _pdl_enter(PDL)
+    header = compact_ptr + _COMPACT_ARRAYS * n
+    if tl.load(header + 2) > 0:
+        cols = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
+        live_h = cols < hidden
+        total = tl.zeros([BLOCK_H], dtype=tl.float32)
+        part = tl.zeros([BLOCK_H], dtype=tl.float32)
+        k = tl.zeros([], dtype=tl.int32) - 1
+        for i in range(tl.load(header + 1)):
+            pos = tl.load(compact_ptr + 2 * n + i)
+            k_i = tl.load(compact_ptr + 3 * n + i) // SPAN
+            total = tl.where(k_i != k, total + part, total)  # a new partial: the last one's sum in
+            part = tl.where(k_i != k, 0.0, part)
+            k = k_i
+            part += tl.load(grad_ptr + _grad_row(pos, grad_dim1, grad_stride0, grad_stride1) + cols * grad_stride_h, mask=live_h,
+                            other=0).to(tl.float32)
+        total += part
+        _add_to_row(main_grad_ptr + _MASKED_ID * main_grad_stride, cols, live_h, _round(total, GRAD_ROUNDING), MAIN_ROUNDING)
+
 
 
 @triton.jit
@@ -1461,6 +1588,7 @@ class _Config:
     skip_block: int  # their flags read at once (ZERO_SKIP_BLOCK)
     skip_wide: int  # blocks of their flags checked at once (ZERO_SKIP_WIDE)
     masked_reads: bool = True  # with masked, the partials kernel reads its mask bytes (probes: False reads masked rows too)
+    compact: bool = True  # with masked on the merge sort, the masked route (_compact_stage; probes: False, the deferred records)
 
 
 @lru_cache(maxsize=None)
@@ -1671,6 +1799,7 @@ class _Plan:
     counts: torch.Tensor | None = None  # each id's tokens (int32 [V])
     lone_tokens: int = 0  # lone tokens of positions [0, this) have no record (_lone_tokens adds them)
     deferred: int = 0  # masked: runs of this many partials or more have no records yet (_masked_records_kernel publishes them)
+    compact: torch.Tensor | None = None  # the masked route: _compact_kernel's output (the plan is of its m tokens; row 0 aside)
 
     @property
     def count_programs(self) -> int:
@@ -1705,22 +1834,55 @@ def _group_records_start(n: int, max_long_runs: int) -> int:
     return _WORKSPACE_ARRAYS * n + _HEADER.value + 2 * max_long_runs + n
 
 
+def _compact_route(cfg: _Config, masked) -> bool:
+    """Whether a call takes the masked route: masked given, on the merge sort (_compact_stage)."""
+    return masked is not None and cfg.sort == "merge" and cfg.compact
+
+
+def _compact_stage(ids, masked, problem: Problem, cfg: _Config, launch) -> torch.Tensor:
+    """The masked route's stage 0: every token of MASKED_LOOKUP_ID (Megatron's other-shard tokens
+    and the shard's own row 0) leaves the plan, the others are compacted in position order, and
+    row 0's unmasked tokens are listed with their ranks among all of its tokens
+    (embwgrad_core.make_masked_plan, with the whole row aside): int32 [_COMPACT_ARRAYS * n + 3]."""
+    n = problem.num_tokens
+    blocks = triton.cdiv(n, COMPACT_BLOCK)
+    counts = launch.empty(2 * blocks, dtype=torch.int32, device=ids.device)
+    compact = launch.empty(_COMPACT_ARRAYS.value * n + 3, dtype=torch.int32, device=ids.device)
+    args = (ids, masked, counts)
+    launch(_compact_counts_kernel, (blocks,), (*args, n, problem.num_embeddings, problem.padding_idx), 4, pdl=cfg.pdl, BLOCK=COMPACT_BLOCK)
+    launch(_compact_kernel, (blocks,), (*args, compact, n, problem.num_embeddings, problem.padding_idx), 4, pdl=cfg.pdl, BLOCK=COMPACT_BLOCK,
+           BLOCKS_P2=triton.next_power_of_2(blocks))
+    return compact
+
+
+def _row0_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config, launch) -> None:
+    """The masked route's last stage: row MASKED_LOOKUP_ID from its unmasked tokens (_row0_kernel)."""
+    strides = _position_strides(grad)
+    launch(_row0_kernel, (triton.cdiv(problem.hidden, ROW0_BLOCK_H),),
+           (plan.compact, grad, main_grad, problem.num_tokens, problem.hidden, *strides, grad.stride(-1), main_grad.stride(0)), 4,
+           pdl=cfg.pdl, SPAN=NROWS, GRAD_ROUNDING=ROUNDING_CODE[problem.grad_dtype], MAIN_ROUNDING=ROUNDING_CODE[problem.main_grad_dtype],
+           BLOCK_H=ROW0_BLOCK_H)
+
+
 def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None, masked=None) -> _Plan:
     """Stages 1 and 2: sort the tokens by key and find every slot's run start and end.
 
-    masked (accumulate's, sort path with the zero skip): the records of runs with flags are
-    deferred to _partials_stage, which needs the same masked then (_masked_records_kernel)."""
+    masked (accumulate's, sort path with the zero skip): on the merge sort, the masked route
+    (_compact_stage first; the plan is of the tokens not of MASKED_LOOKUP_ID, in their first m
+    slots, and _row0_stage adds that row); else the records of runs with flags are deferred to
+    _partials_stage, which needs the same masked then (_masked_records_kernel)."""
     launch = launch or _Launcher()
     n = problem.num_tokens
-    defer = cfg.zero_skip if masked is not None and cfg.sort != "rank" else 0
+    compact = _compact_stage(ids, masked, problem, cfg, launch) if _compact_route(cfg, masked) else None
+    defer = cfg.zero_skip if masked is not None and cfg.sort != "rank" and compact is None else 0
     group = min(cfg.first_tokens // cfg.merge_u, _HEADER.value - _STATUS0.value) if cfg.sort == "merge" else 0
     group_cap = group * cfg.merge_u
     ws = launch.empty(_group_records_start(n, cfg.max_long_runs) + 2 * group_cap * _REC_FIELDS.value, dtype=torch.int32, device=ids.device)
-    keys_args = (ids, ws, n, problem.num_embeddings, problem.padding_idx)
+    keys_args = (ids if compact is None else compact, ws, n, problem.num_embeddings, problem.padding_idx)
     if cfg.sort == "merge":
-        lone = min(n, cfg.lone_tokens)
+        lone = min(n, cfg.lone_tokens) if compact is None else 0
         counts = launch.empty(problem.num_embeddings, dtype=torch.int32, device=ids.device) if lone else None  # zeroed where read
-        plan = _Plan(ws, n, cfg.max_long_runs, group_cap, ids if lone else None, counts, lone, defer)
+        plan = _Plan(ws, n, cfg.max_long_runs, group_cap, ids if lone else None, counts, lone, defer, compact)
         merge_programs = triton.cdiv(n, cfg.merge_u)
         block_i = min(cfg.merge_block, cfg.merge_block_i)
         window = cfg.merge_window if 0 < cfg.merge_window < cfg.merge_block else 0
@@ -1729,18 +1891,19 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None, masked=None) -
         launch(
             _block_sort_kernel,
             (triton.cdiv(n, cfg.merge_block), cfg.merge_block // block_i),
-            (*keys_args, ws if counts is None else counts),
+            (*keys_args, ws if counts is None else counts, ws if compact is None else compact),
             cfg.merge_warps,
             pdl=cfg.pdl,
             BLOCK=cfg.merge_block,
             BLOCK_I=block_i,
             TILE=cfg.merge_tile,
             COUNT=counts is not None,
+            COMPACT=compact is not None,
         )
         launch(
             _merge_rank_kernel,
             (merge_programs + plan.count_programs,),
-            (ws, n, cfg.max_long_runs, group, lone, ws if counts is None else counts, merge_programs),
+            (ws, n, cfg.max_long_runs, group, lone, ws if counts is None else counts, merge_programs, ws if compact is None else compact),
             cfg.merge_warps,
             pdl=cfg.pdl,
             BLOCK=cfg.merge_block,
@@ -1754,6 +1917,7 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None, masked=None) -
             COUNT_AGGREGATE=cfg.count_aggregate,
             PLAN_POLICY="evict_last" if cfg.plan_evict_last else "",
             DEFER=defer,
+            COMPACT=compact is not None,
         )
         return plan
     plan = _Plan(ws, n, cfg.max_long_runs, group_cap, deferred=defer)
@@ -1801,7 +1965,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
     if strides is None:  # more than two strided position dimensions: one copy
         grad = grad.contiguous()
         strides = _position_strides(grad)
-    ids = plan.ids if ids is None else ids
+    ids = plan.ids if ids is None or plan.compact is not None else ids  # (the masked route: no first rows by position)
     lone = plan.lone_tokens > 0
     prefetch = cfg.pdl and cfg.sort == "merge" and cfg.l2_prefetch_tokens > 0 and ids is not None and _prefetchable(grad, main_grad, strides)
     first_rows = (ids, problem.num_embeddings, cfg.l2_prefetch_tokens if prefetch else 0) if prefetch or lone else (plan.workspace, 0, 0)
@@ -1854,6 +2018,8 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         PREFETCH_EVICT_LAST=cfg.prefetch_evict_last if prefetch else 0,
         MASKED=masked is not None and cfg.masked_reads,
     )
+    if plan.compact is not None:  # (the masked route: row 0 after the partials kernel, which never touches it)
+        _row0_stage(plan, grad, main_grad, problem, cfg, launch)
     return partials, flags
 
 
