@@ -2173,6 +2173,10 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
             zeroed, so, where they are +0 or -0 already, the dense path's on grad itself. Implies
             zero_rows=True. At 8192 tokens on a rank of TP = 8 (7/8 of the tokens masked) 24%
             faster than zero_rows alone on the H200, 0.066 -> 0.050 ms (benchmarks/NOTES.md v49).
+            On the merge sort (4097 to MERGE_SORT_MAX_TOKENS tokens) every token of id
+            MASKED_LOOKUP_ID (0, Megatron's masked_input for other shards' tokens) leaves the sort,
+            and row 0 is summed apart from its unmasked tokens (_compact_stage, _row0_kernel;
+            embwgrad_core.make_masked_plan): 4-27% faster again at 4096-32768 tokens, TP = 8 (NOTES v55).
 
     Only the rows of ids are read and written: rows of ids that do not occur, of
     padding_idx, and of ids outside [0, V) (which are skipped, not checked: a check would
