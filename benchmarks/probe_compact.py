@@ -1,4 +1,4 @@
-"""How long the masked route's compaction pass takes (NOTES v55 item 4), checked against the core.
+"""How long the masked route's compaction pass takes (NOTES v55 items 4-5), checked against the core.
 
     python benchmarks/probe_compact.py                          (GPU: Megatron's TP 8 ids, CUDA graphs)
     TRITON_INTERPRET=1 python benchmarks/probe_compact.py --check   (CPU: small cases, the interpreter)
