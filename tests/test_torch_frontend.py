@@ -311,6 +311,45 @@ def test_masked_route_groups_row0_by_rank(seed):
     assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad, path=SORT, masked=masked))
 
 
+def _masked_route_edge(name, n=300):
+    rng = np.random.default_rng(1)
+    some = rng.random(n)
+    if name == "all masked at row 0":
+        return np.zeros(n, np.int64), np.ones(n, bool), None
+    if name == "all at row 0, some not masked":
+        return np.zeros(n, np.int64), some < 0.7, None
+    if name == "none at row 0":
+        return rng.integers(1, 40, n), some < 0.3, None
+    if name == "row 0 is padding_idx":
+        ids = np.where(some < 0.6, 0, rng.integers(0, 40, n))
+        return ids, (ids == 0) | (rng.random(n) < 0.1), 0
+    if name == "ids outside [0, V)":
+        return np.where(some < 0.5, 0, rng.integers(-5, 50, n)), rng.random(n) < 0.5, None
+    return rng.integers(0, 40, n), np.zeros(n, bool), None  # none masked
+
+
+@cpu_only
+@pytest.mark.parametrize("name", ["all masked at row 0", "all at row 0, some not masked", "none at row 0", "row 0 is padding_idx",
+                                  "ids outside [0, V)", "none masked"])
+def test_masked_route_edges(name):
+    """The masked route where the plan has no token (m = 0: row 0 still gets its +0, which turns -0
+    into +0), where row 0 has none, is padding_idx or shares the call with ids outside [0, V)."""
+    ids, masked, padding_idx = _masked_route_edge(name)
+    rng = np.random.default_rng(2)
+    grad = (rng.standard_normal((ids.size, 8)) * 2.0 ** rng.integers(-20, 20, (ids.size, 8))).astype(np.float32)
+    grad[masked] = np.nan
+    main_grad = rng.standard_normal((40, 8)).astype(np.float32)
+    main_grad[0, :3] = -0.0
+    ids_t, grad_t, out = to_torch(ids), to_torch(grad), to_torch(main_grad)
+    problem = ew._check(ids_t, grad_t, out, padding_idx)
+    cfg = dataclasses.replace(ew._config(problem, SORT, True, zero_rows=True), block_h=16)
+    flat = to_torch(masked).view(torch.uint8)
+    plan = ew._plan_stage(ids_t, problem, cfg, masked=flat)
+    assert plan.compact is not None
+    ew._partials_stage(plan, grad_t, out, problem, cfg, masked=flat)
+    assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad, path=SORT, masked=masked, padding_idx=padding_idx))
+
+
 @cpu_only
 def test_masked_gives_megatrons_bits():
     """Public accumulate on Megatron's input (masked_arrays: zero rows at row 0, +0 and -0): masked
