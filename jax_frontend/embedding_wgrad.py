@@ -95,6 +95,7 @@ from embwgrad_core import (
     FEATURE,
     FOLD_PROGRAMS_PER_SM,
     FOLD_ROLE_MAX_TOKENS,
+    MASKED_LOOKUP_ID,
     MERGE_SORT_MAX_TOKENS,
     NROWS,
     PARTIAL_PROGRAMS_PER_SM,
@@ -204,6 +205,10 @@ PLAN_EVICT_LAST = True
 ROWS_AHEAD = 256
 ROWS_AHEAD_PIECES = 4
 
+#: The masked route's compaction, tokens per program, and its row-0 kernel's columns per program (the torch twin's).
+COMPACT_BLOCK = 512
+ROW0_BLOCK_H = 256
+
 #: The ways to sort (_Config.sort).
 MERGE, RANK, PACKED, PAIRS = "merge", "rank", "packed", "pairs"
 
@@ -278,6 +283,9 @@ REC_FIELDS = 8
 #: runs' partials, counting up from record 0, and the other records, counting down from n - 1.
 COUNTS = 4
 _LISTED, _FRONT, _BACK = 0, 1, 2
+_M = 3  # the masked route: the tokens the plan sorts (written by the block sort, read by the merge)
+#: The masked route's arrays (_compact_kernel): kept keys, kept positions, row-0 positions, their ranks; then a header.
+_COMPACT_ARRAYS = 4
 
 
 def _flag(flags_ref, num_hb: int, hb, row):
@@ -340,30 +348,40 @@ def _block_sort_kernel(
     block: int,  # tokens per block: merge_block(n)
     block_i: int,  # tokens of the block ranked per program: program (b, c) ranks chunk c of block b
     tile: int,  # tokens compared per step (divides block)
+    compact: int = 0,  # the masked route: ids_ref is _compact_kernel's output, its first m keys the tokens; its stride
 ):
-    """Sort path, step 1 of the merge-rank sort: sort each block of tokens stably by counting."""
-    load = functools.partial(_load_keys, ids_ref, n=n, num_embeddings=num_embeddings, padding_idx=padding_idx)
+    """Sort path, step 1 of the merge-rank sort: sort each block of tokens stably by counting.
+
+    compact: the m tokens that _compact_kernel kept (n only the capacity), m also written to
+    counts[_M] for the merge; their positions from its second array."""
     b0 = pl.program_id(0) * block
-    i, key_i = load(b0 + pl.program_id(1) * block_i, block_i)
-    live = i < n
+    c0 = pl.program_id(1) * block_i
     first = (pl.program_id(0) == 0) & (pl.program_id(1) == 0)  # read here: interpret mode has no program ids inside pl.when
+    m = ids_ref[_COMPACT_ARRAYS * compact] if compact else n
+    load = functools.partial(_load_keys, ids_ref, n=n, num_embeddings=num_embeddings, padding_idx=padding_idx)
 
     @pl.when(first)
     def _():
-        plgpu.store(counts_ref.at[lax.iota(jnp.int32, COUNTS)], jnp.zeros((COUNTS,), jnp.int32))
+        plgpu.store(counts_ref.at[lax.iota(jnp.int32, COUNTS)], jnp.where(lax.iota(jnp.int32, COUNTS) == _M, m, 0).astype(jnp.int32))
 
-    def compare(step, before):  # a token sorts before i: a smaller key, or an equal key at an earlier position
-        j, key_j = load(b0 + step * tile, tile)
-        key_j = jnp.where(j < n, key_j, _INT32_MAX)
-        same = key_j[None, :] == key_i[:, None]
-        earlier = (key_j[None, :] < key_i[:, None]) | (same & (j[None, :] < i[:, None]))
-        return before + earlier.astype(jnp.int32)
+    @pl.when(b0 < m)  # (compact: blocks past the m tokens have nothing to sort)
+    def _():
+        i, key_i = load(b0 + c0, block_i)
+        live = i < m
 
-    before = lax.fori_loop(0, block // tile, compare, jnp.zeros((block_i, tile), jnp.int32))
-    # Lanes past n scatter past the end (see _rank_kernel).
-    slot = jnp.where(live, b0 + jnp.sum(before, axis=1, dtype=jnp.int32), i)
-    plgpu.store(block_keys_ref.at[slot], key_i, mask=live)
-    plgpu.store(block_pos_ref.at[slot], i, mask=live)
+        def compare(step, before):  # a token sorts before i: a smaller key, or an equal key at an earlier position
+            j, key_j = load(b0 + step * tile, tile)
+            key_j = jnp.where(j < m, key_j, _INT32_MAX)
+            same = key_j[None, :] == key_i[:, None]
+            earlier = (key_j[None, :] < key_i[:, None]) | (same & (j[None, :] < i[:, None]))
+            return before + earlier.astype(jnp.int32)
+
+        before = lax.fori_loop(0, block // tile, compare, jnp.zeros((block_i, tile), jnp.int32))
+        # Lanes past m scatter past the end (see _rank_kernel).
+        slot = jnp.where(live, b0 + jnp.sum(before, axis=1, dtype=jnp.int32), i)
+        pos = plgpu.load(ids_ref.at[compact + jnp.minimum(i, n - 1)], mask=live, other=0) if compact else i
+        plgpu.store(block_keys_ref.at[slot], key_i, mask=live)
+        plgpu.store(block_pos_ref.at[slot], pos, mask=live)
 
 
 def _merge_rank_kernel(
@@ -390,6 +408,7 @@ def _merge_rank_kernel(
     plan_policy: str | None,  # L2 eviction policy of the sorted positions' and records' stores (PLAN_EVICT_LAST), or None
     defer: int = 0,  # > 0: runs of this many partials or more get their records later (_masked_records_kernel)
     pid=None,  # the program id, when read by a caller (interpret mode has no program ids inside pl.when)
+    compact: bool = False,  # the masked route: the block sort sorted counts[_M] tokens, n only the capacity
 ):
     """Sort path, step 2: every token's slot, run start and run end from binary searches in every block.
 
@@ -397,10 +416,10 @@ def _merge_rank_kernel(
     its own block its local rank; the run starts after all keys < it and ends after all keys
     <= it (plan.merge_ranks).
     """
-    del counts_in_ref
+    m = counts_in_ref[_M] if compact else n  # (the same buffer as counts_ref: the block sort wrote it)
     u0 = (pl.program_id(0) if pid is None else pid) * block_u
     u = u0 + lax.iota(jnp.int32, block_u)
-    live = u < n
+    live = u < m
     key = plgpu.load(block_keys_ref.at[pl.ds(u0, block_u)], mask=live, other=0)
     pos = plgpu.load(block_pos_ref.at[pl.ds(u0, block_u)], mask=live, other=0)
     own = u // block
@@ -411,7 +430,7 @@ def _merge_rank_kernel(
     # once and every key broadcast went through shared memory: 19.3 us against 9.9 (H200,
     # 8192 tokens, Nsight Compute; benchmarks/NOTES.md v6).
     c0 = (c * block)[:, None]  # [num_blocks, 1]: block c's offset and length
-    c_len = jnp.minimum(jnp.maximum(n - c * block, 0), block)[:, None]
+    c_len = jnp.minimum(jnp.maximum(m - c * block, 0), block)[:, None]
     k = key[None, :]
 
     # Searches of [lo, hi]. The torch twin keeps only lo (a probe at lo + s - 1 adds s or not): in
@@ -671,6 +690,117 @@ def _masked_records_kernel(
         return carry
 
     lax.fori_loop(0, jnp.sum(starts.astype(jnp.int32), dtype=jnp.int32), arrive, None)
+
+
+def _compact_counts_kernel(
+    # Inputs
+    ids_ref,  # int32/int64 [n]: token ids in position order
+    masked_ref,  # int8 [n]: nonzero where masked
+    # Outputs
+    counts_ref,  # int32 [2 * blocks]: each block's tokens of key MASKED_LOOKUP_ID, then those of them not masked
+    *,
+    n: int,
+    num_embeddings: int,
+    padding_idx: int,
+    block: int,
+    blocks: int,
+):
+    """The masked route's first kernel (_compact): per block, the tokens that leave the plan for row 0's kernel (as the torch twin)."""
+    b = pl.program_id(0)
+    t, key = _load_keys(ids_ref, b * block, block, n=n, num_embeddings=num_embeddings, padding_idx=padding_idx)
+    live = t < n
+    at_row = live & (key == MASKED_LOOKUP_ID)
+    real = at_row & (plgpu.load(masked_ref.at[pl.ds(b * block, block)], mask=live, other=1) == 0)
+    plgpu.store(counts_ref.at[b], jnp.sum(at_row.astype(jnp.int32)))
+    plgpu.store(counts_ref.at[blocks + b], jnp.sum(real.astype(jnp.int32)))
+
+
+def _compact_kernel(
+    # Inputs
+    ids_ref,  # int32/int64 [n]: token ids in position order
+    masked_ref,  # int8 [n]: nonzero where masked
+    counts_ref,  # int32 [2 * blocks]: _compact_counts_kernel's
+    # Outputs
+    compact_ref,  # int32 [_COMPACT_ARRAYS * stride + 4]
+    *,
+    n: int,
+    num_embeddings: int,
+    padding_idx: int,
+    block: int,
+    blocks: int,
+    blocks_p2: int,  # a power of two >= blocks
+    stride: int,  # each array's room: n + blocks * block (_compact_stride)
+):
+    """The masked route's compaction (the torch twin's _compact_kernel): the tokens not of MASKED_LOOKUP_ID,
+    keys and positions, at slot t - (row-0 tokens before t); row 0's unmasked tokens' positions and their
+    ranks among all of row 0's tokens; the header (m, those, all row-0 tokens). Each program sums the
+    counts of the blocks before its own (no program waits on another). Each array has room past n
+    for the lanes whose store is masked: interpret mode's masked scatter may still write a lane's
+    index (with the old value), so no two lanes of one store share an index."""
+    b = pl.program_id(0)
+    last = b == blocks - 1  # read here: interpret mode has no program ids inside pl.when
+    t, key = _load_keys(ids_ref, b * block, block, n=n, num_embeddings=num_embeddings, padding_idx=padding_idx)
+    live = t < n
+    at_row = (live & (key == MASKED_LOOKUP_ID)).astype(jnp.int32)
+    real = at_row * (plgpu.load(masked_ref.at[pl.ds(b * block, block)], mask=live, other=1) == 0).astype(jnp.int32)
+    c = lax.iota(jnp.int32, blocks_p2)
+    earlier = c < b
+    row_before = jnp.sum(plgpu.load(counts_ref.at[jnp.minimum(c, blocks - 1)], mask=earlier, other=0)) + jnp.cumsum(at_row) - at_row
+    real_before = (jnp.sum(plgpu.load(counts_ref.at[blocks + jnp.minimum(c, blocks - 1)], mask=earlier, other=0)) + jnp.cumsum(real)
+                   - real)
+    kept = live & (at_row == 0)
+    slot = jnp.where(kept, t - row_before, n + t)  # (masked lanes past n, each its own)
+    plgpu.store(compact_ref.at[slot], key, mask=kept)
+    plgpu.store(compact_ref.at[stride + slot], t, mask=kept)
+    index = jnp.where(real != 0, real_before, n + t)
+    plgpu.store(compact_ref.at[2 * stride + index], t, mask=real != 0)
+    plgpu.store(compact_ref.at[3 * stride + index], row_before, mask=real != 0)
+    rows = jnp.max(jnp.where(live, row_before + at_row, 0))
+    reals = jnp.max(jnp.where(live, real_before + real, 0))
+
+    @pl.when(last)
+    def _():
+        lane = lax.iota(jnp.int32, 4)
+        plgpu.store(compact_ref.at[_COMPACT_ARRAYS * stride + lane], jnp.where(lane == 0, n - rows, jnp.where(lane == 1, reals, rows)))
+
+
+def _row0_kernel(
+    # Inputs
+    compact_ref,  # int32: _compact_kernel's row-0 list and header
+    grad_ref,  # [n, H]
+    main_grad_in_ref,  # aliased to main_grad_ref
+    # Outputs
+    main_grad_ref,  # [V, H]
+    *,
+    stride: int,  # _compact_kernel's
+    hidden: int,
+    block_h: int,
+    grad_dtype: str,
+    main_grad_dtype: str,
+):
+    """The masked route's row MASKED_LOOKUP_ID, these columns (the torch twin's _row0_kernel): a token's
+    partial is its rank among all of the row's tokens // NROWS; the unmasked ones in position order, each
+    partial summed from +0 in order, the partials added from +0 in order, rounded, added to main_grad
+    (+0 where the row has only masked tokens)."""
+    del main_grad_in_ref
+    h0 = pl.program_id(0) * block_h  # read here: interpret mode has no program ids inside pl.when
+    live_h = h0 + lax.iota(jnp.int32, block_h) < hidden
+    header = _COMPACT_ARRAYS * stride
+
+    @pl.when(compact_ref[header + 2] > 0)
+    def _():
+        def add(i, carry):
+            total, part, k = carry
+            pos = compact_ref[2 * stride + i]
+            k_i = compact_ref[3 * stride + i] // NROWS
+            total = jnp.where(k_i != k, total + part, total)  # a new partial: the last one's sum in
+            part = jnp.where(k_i != k, 0.0, part)
+            row = plgpu.load(grad_ref.at[pos, pl.ds(h0, block_h)], mask=live_h, other=0).astype(jnp.float32)
+            return total, part + row, k_i
+
+        zeros = jnp.zeros((block_h,), jnp.float32)
+        total, part, _ = lax.fori_loop(0, compact_ref[header + 1], add, (zeros, zeros, jnp.int32(-1)))
+        _add_to_row(main_grad_ref, jnp.int32(MASKED_LOOKUP_ID), h0, live_h, _round(total + part, grad_dtype), main_grad_dtype)
 
 
 def _partials_kernel(
@@ -1164,6 +1294,7 @@ class _Config:
     rows_ahead: int = 0  # merge sort: extra merge-kernel programs read the rows of positions [0, this) into L2 (ROWS_AHEAD)
     rows_ahead_per: int = ROWS_AHEAD_PIECES  # (position, H block) pieces per such program
     masked_defer: bool = True  # sort path with masked: the records of runs with flags wait for _masked_records (False: v49's plan)
+    compact: bool = True  # merge sort with masked: the masked route (_compact; probes: False, the deferral)
     # Inside jax.shard_map: the ShapeDtypeStruct keyword that makes every kernel's outputs vary
     # over main_grad's manual mesh axes, as (name, value) (_mesh_axes); () outside.
     vary: tuple = ()
@@ -1413,9 +1544,10 @@ def _merge_rows_ahead_kernel(block_keys_ref, block_pos_ref, counts_in_ref, ids_r
         plgpu.store(sink_ref.at[pl.ds(0, block_h)], acc, mask=acc == 1.0e-30)
 
 
-def _merge_sort(ids, grad, main_grad, masked, problem: Problem, cfg: _Config, defer: int = 0):
+def _merge_sort(ids, grad, main_grad, masked, problem: Problem, cfg: _Config, defer: int = 0, compact=None):
     """Stages 1 and 2 by the merge-rank sort: (sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals,
-    main_grad); main_grad is passed through (aliased), its rows read ahead with cfg.rows_ahead (but masked's, int8 [n] or None)."""
+    main_grad); main_grad is passed through (aliased), its rows read ahead with cfg.rows_ahead (but masked's, int8 [n] or None).
+    compact (the masked route, _compact's output): the plan is of its m tokens."""
     n = problem.num_tokens
     slots = _sds(cfg, (n,), jnp.int32)
     block_keys, block_pos, counts = _call(
@@ -1430,9 +1562,10 @@ def _merge_sort(ids, grad, main_grad, masked, problem: Problem, cfg: _Config, de
         block=cfg.merge_block,
         block_i=min(cfg.merge_block_i, cfg.merge_block),
         tile=cfg.merge_tile,
-    )(ids)
+        compact=0 if compact is None else _compact_stride(n),
+    )(ids if compact is None else compact)
     merge = dict(n=n, block=cfg.merge_block, num_blocks=cfg.merge_blocks, steps=cfg.merge_block.bit_length(), block_u=cfg.merge_u,
-                 unroll=cfg.unroll, plan_policy="evict_last" if cfg.plan_evict_last else None, defer=defer)
+                 unroll=cfg.unroll, plan_policy="evict_last" if cfg.plan_evict_last else None, defer=defer, compact=compact is not None)
     if cfg.rows_ahead:
         tokens = min(n, cfg.rows_ahead)
         merge_programs = pl.cdiv(n, cfg.merge_u)
@@ -1645,14 +1778,43 @@ def _long_runs(long_runs, counts, sorted_keys, partials, flags, main_grad, probl
     )(long_runs, counts, sorted_keys, partials, flags, main_grad)
 
 
+def _compact(ids, masked, problem: Problem, cfg: _Config):
+    """The masked route's stage 0 (as the torch twin's _compact_stage): int32 [_COMPACT_ARRAYS * stride + 4] (_compact_kernel)."""
+    n = problem.num_tokens
+    blocks = pl.cdiv(n, COMPACT_BLOCK)
+    static = dict(n=n, num_embeddings=problem.num_embeddings, padding_idx=problem.padding_idx, block=COMPACT_BLOCK, blocks=blocks)
+    counts = _call(_compact_counts_kernel, cfg, out_shape=_sds(cfg, (2 * blocks,), jnp.int32), grid=(blocks,), name="embwgrad_compact_counts",
+                   **static)(ids, masked)
+    stride = _compact_stride(n)
+    return _call(_compact_kernel, cfg, out_shape=_sds(cfg, (_COMPACT_ARRAYS * stride + 4,), jnp.int32), grid=(blocks,),
+                 name="embwgrad_compact", blocks_p2=pl.next_power_of_2(blocks), stride=stride, **static)(ids, masked, counts)
+
+
+def _compact_stride(n: int) -> int:
+    """Room of each of _compact_kernel's arrays: n, and past it a slot for each lane of the last block (its masked stores)."""
+    return n + pl.cdiv(n, COMPACT_BLOCK) * COMPACT_BLOCK
+
+
+def _row0(compact, grad, main_grad, problem: Problem, cfg: _Config):
+    """The masked route's last stage: row MASKED_LOOKUP_ID from its unmasked tokens (_row0_kernel); main_grad aliased."""
+    return _call(_row0_kernel, cfg, out_shape=_sds(cfg, main_grad.shape, main_grad.dtype), grid=(pl.cdiv(problem.hidden, ROW0_BLOCK_H),),
+                 input_output_aliases={2: 0}, name="embwgrad_row0", stride=_compact_stride(problem.num_tokens), hidden=problem.hidden,
+                 block_h=ROW0_BLOCK_H,
+                 grad_dtype=problem.grad_dtype, main_grad_dtype=problem.main_grad_dtype)(compact, grad, main_grad)
+
+
 def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config, masked=None) -> _Stages:
     """All stages on ids [n] (flattened) and grad [n, H] into main_grad [V, H] (aliased); masked: int8 [n] or None."""
     partial_ord = None
-    # Sort path with masked and the zero skip: the records of runs with flags wait for _masked_records.
-    defer = cfg.zero_skip if masked is not None and cfg.path != FEATURE and cfg.masked_defer else 0
+    # With masked on the merge sort, the masked route: every token of MASKED_LOOKUP_ID leaves the plan,
+    # and _row0 adds that row. Else, sort path with masked and the zero skip: the records of runs with
+    # flags wait for _masked_records.
+    compact = _compact(ids, masked, problem, cfg) if masked is not None and cfg.sort == MERGE and cfg.compact else None
+    defer = cfg.zero_skip if masked is not None and cfg.path != FEATURE and cfg.masked_defer and compact is None else 0
     if cfg.sort == MERGE:
         sorted_keys, sorted_pos, run_start, run_end, counts, records, long_runs, arrivals, main_grad = _merge_sort(ids, grad, main_grad,
-                                                                                                                   masked, problem, cfg, defer)
+                                                                                                                   masked, problem, cfg, defer,
+                                                                                                                   compact)
     elif cfg.path == FEATURE:  # _rank_kernel makes the whole plan
         sorted_keys, sorted_pos, partial_ord, run_start, run_end, counts, records, long_runs, arrivals = _sort(ids, problem, cfg)
     else:
@@ -1666,6 +1828,8 @@ def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config, masked=Non
                                                                        problem, cfg, masked, flags)
     if cfg.fold_programs == 0:  # else the partials kernel folded the long runs (never on the feature path)
         main_grad = _long_runs(long_runs, counts, sorted_keys, partials, flags, main_grad, problem, cfg)
+    if compact is not None:
+        main_grad = _row0(compact, grad, main_grad, problem, cfg)
     if cfg.path == FEATURE:
         records = None
     return _Stages(*plan, records, counts, partials, long_runs, flags, main_grad)
@@ -1876,7 +2040,10 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
             vocab-parallel lookup zeroes the rows of the tokens of other shards (pass its mask,
             with the shard-local ids). The bits are the dense path's on grad with those rows
             zeroed, so, where they are +0 or -0 already, the dense path's on grad itself; the
-            torch frontend's bits with the same masked. Implies zero_rows=True.
+            torch frontend's bits with the same masked. Implies zero_rows=True. On the merge sort
+            (4097 to MERGE_SORT_MAX_TOKENS tokens) every token of id MASKED_LOOKUP_ID (0) leaves
+            the sort and row 0 is summed apart from its unmasked tokens (_compact, _row0_kernel;
+            embwgrad_core.make_masked_plan; benchmarks/NOTES.md v55).
 
     Returns:
         The new main_grad [V, H]. Only the rows of ids are read and written: rows of ids that

@@ -197,6 +197,41 @@ def masked_row0_tokens(seed: int, n: int = 600, hidden: int = 8):
     return ids, grad, rng.standard_normal((40, hidden)).astype(np.float32), masked
 
 
+#: masked_route_edge's cases.
+MASKED_ROUTE_EDGES = ["all masked at row 0", "all at row 0, some not masked", "none at row 0", "row 0 is padding_idx", "ids outside [0, V)",
+                      "none masked"]
+
+
+def masked_route_edge(name: str, n: int = 300):
+    """(ids, grad, main_grad, masked, padding_idx) at the edges of the masked route (the plan without
+    row 0's tokens): no token left in the plan (row 0 still gets its +0, which turns main_grad's -0
+    into +0), none at row 0, row 0 padding_idx, ids outside [0, V), none masked. V = 40, H = 8,
+    fp32 rows of mixed magnitudes, masked rows NaN."""
+    rng = np.random.default_rng(1)
+    some = rng.random(n)
+    padding_idx = None
+    if name == "all masked at row 0":
+        ids, masked = np.zeros(n, np.int64), np.ones(n, bool)
+    elif name == "all at row 0, some not masked":
+        ids, masked = np.zeros(n, np.int64), some < 0.7
+    elif name == "none at row 0":
+        ids, masked = rng.integers(1, 40, n), some < 0.3
+    elif name == "row 0 is padding_idx":
+        ids = np.where(some < 0.6, 0, rng.integers(0, 40, n))
+        masked, padding_idx = (ids == 0) | (rng.random(n) < 0.1), 0
+    elif name == "ids outside [0, V)":
+        ids, masked = np.where(some < 0.5, 0, rng.integers(-5, 50, n)), rng.random(n) < 0.5
+    else:
+        assert name == "none masked", name
+        ids, masked = rng.integers(0, 40, n), np.zeros(n, bool)
+    rng = np.random.default_rng(2)
+    grad = (rng.standard_normal((n, 8)) * 2.0 ** rng.integers(-20, 20, (n, 8))).astype(np.float32)
+    grad[masked] = np.nan
+    main_grad = rng.standard_normal((40, 8)).astype(np.float32)
+    main_grad[0, :3] = -0.0
+    return ids, grad, main_grad, masked, padding_idx
+
+
 def assert_masked_flags(flags, partials, ids, grad, zero_skip: int, skip_block: int, block_h: int = 16) -> None:
     """A frontend's zero-skip flags ([partial rows, H blocks]) and scratch partials for masked_arrays'
     input: each flagged partial's flag per H block of block_h columns says whether the reference's

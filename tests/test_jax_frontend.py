@@ -27,10 +27,10 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import jax_frontend
-from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, FOLD_ROLE_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
+from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
 from embwgrad_core.dtypes import numpy_dtype
 from jax_frontend import embedding_wgrad as ew
-from tests.cases import Case, assert_bits_equal, assert_masked_flags, assert_partials_equal, cpu_cases, gpu_cases, masked_arrays, masked_tokens, runs_ids, zipf_ids
+from tests.cases import MASKED_ROUTE_EDGES, Case, assert_bits_equal, assert_masked_flags, assert_partials_equal, cpu_cases, gpu_cases, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids, zipf_ids
 
 ON_GPU = jax.default_backend() == "gpu"
 requires_gpu = pytest.mark.skipif(not ON_GPU, reason="needs jax with a GPU backend")
@@ -360,6 +360,13 @@ def test_masked_rows_are_not_read(route, zero_skip):
         cfg = ew._config(problem, SORT, overrides, zero_rows=True)
         stages = ew._run_stages(ids_j, grad_j.reshape(ids.size, -1), main_j, problem, cfg, to_jax(masked.astype(np.int8)))
         assert_bits_equal(np.asarray(stages.main_grad), expected)
+        if cfg.sort == ew.MERGE and cfg.compact:  # the masked route: the plan is of the tokens not at row 0, no deferral
+            kept = np.flatnonzero(ids.reshape(-1) != MASKED_LOOKUP_ID)
+            core = make_plan(ids.reshape(-1)[kept], main_grad.shape[0], path=SORT)
+            np.testing.assert_array_equal(np.asarray(stages.sorted_pos)[: kept.size], kept[core.sorted_pos])
+            listed = np.asarray(stages.records).reshape(ids.size, -1)[: int(stages.counts[ew._FRONT]), 0]
+            assert sorted(listed.tolist()) == core.partial_slot[core.run_partials[core.partial_run] > 1].tolist()
+            return
         core = make_plan(ids, main_grad.shape[0], path=SORT)
         ends = np.minimum(core.partial_slot + NROWS, core.run_end[core.partial_slot])
         flagged = (core.run_partials[core.partial_run] >= zero_skip) & (zero_skip > 0)
@@ -367,6 +374,25 @@ def test_masked_rows_are_not_read(route, zero_skip):
         listed = np.asarray(stages.records).reshape(ids.size, -1)[: int(stages.counts[ew._FRONT]), 0]
         assert sorted(listed.tolist()) == core.partial_slot[(core.run_partials[core.partial_run] > 1) & ~(flagged & all_masked)].tolist()
         assert (flagged & all_masked).sum() >= (10 if zero_skip else 0)  # row 0's
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_masked_route_groups_row0_by_rank(seed):
+    """The masked route on the merge sort (as the torch twin's test): row 0's unmasked tokens summed in the
+    partials of their ranks among all of row 0's tokens (_row0_kernel), the masked rows (NaN) never read."""
+    ids, grad, main_grad, masked = masked_row0_tokens(seed)
+    out = ew._accumulate(to_jax(ids), to_jax(grad), to_jax(main_grad), to_jax(masked), path=SORT)
+    assert_bits_equal(np.asarray(out), reference.accumulate(ids, grad, main_grad, path=SORT, masked=masked))
+
+
+@pytest.mark.parametrize("name", MASKED_ROUTE_EDGES)
+def test_masked_route_edges(name):
+    """The masked route at its edges (tests.cases.masked_route_edge), as the torch twin's test."""
+    ids, grad, main_grad, masked, padding_idx = masked_route_edge(name)
+    problem = ew._check(to_jax(ids), to_jax(grad), to_jax(main_grad), padding_idx)
+    assert ew._config(problem, SORT, (), zero_rows=True).sort == ew.MERGE
+    out = ew._accumulate(to_jax(ids), to_jax(grad), to_jax(main_grad), to_jax(masked), padding_idx=padding_idx, path=SORT)
+    assert_bits_equal(np.asarray(out), reference.accumulate(ids, grad, main_grad, path=SORT, masked=masked, padding_idx=padding_idx))
 
 
 def test_masked_gives_megatrons_bits():
@@ -617,10 +643,26 @@ def test_cuda_lowering_is_triton_and_aliases_main_grad(n, x64, plan_kernels):
     assert all("output_operand_aliases" in line for line in writers)
 
 
-@pytest.mark.parametrize("n, plan_kernels", [(8192, MERGE_KERNELS), (MERGE_SORT_MAX_TOKENS + 1, ["embwgrad_runs"])])
+def test_cuda_lowering_of_the_masked_route():
+    """Lowered for CUDA with masked on the merge sort: the compaction's two kernels before the plan, row 0's
+    kernel last, with main_grad aliased through all (no deferred records)."""
+    n = 8192
+    ids = jax.ShapeDtypeStruct((n,), jnp.int32)
+    grad = jax.ShapeDtypeStruct((n, 7168), jnp.bfloat16)
+    main_grad = jax.ShapeDtypeStruct((129280, 7168), jnp.float32)
+    masked = jax.ShapeDtypeStruct((n,), jnp.bool_)
+    text = _cuda_module(ew._accumulate, ids, grad, main_grad, masked, overrides=(("interpret", False),))
+    calls = [line for line in text.splitlines() if TRITON_CALL.search(line)]
+    names = [re.search(r'name = "(\w+)"', line).group(1) for line in calls]
+    assert names == ["embwgrad_compact_counts", "embwgrad_compact"] + MERGE_KERNELS + ["embwgrad_partials", "embwgrad_row0"]
+    assert "output_operand_aliases" in calls[-1]
+    assert re.search(r"%arg2: tensor<129280x7168xf32> \{[^}]*tf\.aliasing_output = 0", text)
+
+
+@pytest.mark.parametrize("n, plan_kernels", [(MERGE_SORT_MAX_TOKENS + 1, ["embwgrad_runs"])])
 def test_cuda_lowering_with_masked_defers_records(n, plan_kernels):
-    """Lowered for CUDA with masked: the deferred records' kernel between the plan and the partials, whose
-    flags output it fills in (aliased); main_grad aliased as without masked."""
+    """Lowered for CUDA with masked above the merge sort: the deferred records' kernel between the plan and
+    the partials, whose flags output it fills in (aliased); main_grad aliased as without masked."""
     ids = jax.ShapeDtypeStruct((n,), jnp.int32)
     grad = jax.ShapeDtypeStruct((n, 7168), jnp.bfloat16)
     main_grad = jax.ShapeDtypeStruct((129280, 7168), jnp.float32)

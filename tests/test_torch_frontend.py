@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import torch_frontend
 from embwgrad_core import CHUNK, FEATURE, MASKED_LOOKUP_ID, NROWS, SORT, make_plan, reference, torch_path
-from tests.cases import Case, assert_bits_equal, assert_partials_equal, assert_masked_flags, core_checked_on_gpu, cpu_cases, gpu_cases, masked_arrays, masked_row0_tokens, masked_tokens, runs_ids
+from tests.cases import Case, assert_bits_equal, assert_partials_equal, assert_masked_flags, core_checked_on_gpu, cpu_cases, gpu_cases, MASKED_ROUTE_EDGES, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids
 from torch_frontend import embedding_wgrad as ew
 
 HAS_CUDA = torch.cuda.is_available()
@@ -311,35 +311,12 @@ def test_masked_route_groups_row0_by_rank(seed):
     assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad, path=SORT, masked=masked))
 
 
-def _masked_route_edge(name, n=300):
-    rng = np.random.default_rng(1)
-    some = rng.random(n)
-    if name == "all masked at row 0":
-        return np.zeros(n, np.int64), np.ones(n, bool), None
-    if name == "all at row 0, some not masked":
-        return np.zeros(n, np.int64), some < 0.7, None
-    if name == "none at row 0":
-        return rng.integers(1, 40, n), some < 0.3, None
-    if name == "row 0 is padding_idx":
-        ids = np.where(some < 0.6, 0, rng.integers(0, 40, n))
-        return ids, (ids == 0) | (rng.random(n) < 0.1), 0
-    if name == "ids outside [0, V)":
-        return np.where(some < 0.5, 0, rng.integers(-5, 50, n)), rng.random(n) < 0.5, None
-    return rng.integers(0, 40, n), np.zeros(n, bool), None  # none masked
-
-
 @cpu_only
-@pytest.mark.parametrize("name", ["all masked at row 0", "all at row 0, some not masked", "none at row 0", "row 0 is padding_idx",
-                                  "ids outside [0, V)", "none masked"])
+@pytest.mark.parametrize("name", MASKED_ROUTE_EDGES)
 def test_masked_route_edges(name):
     """The masked route where the plan has no token (m = 0: row 0 still gets its +0, which turns -0
     into +0), where row 0 has none, is padding_idx or shares the call with ids outside [0, V)."""
-    ids, masked, padding_idx = _masked_route_edge(name)
-    rng = np.random.default_rng(2)
-    grad = (rng.standard_normal((ids.size, 8)) * 2.0 ** rng.integers(-20, 20, (ids.size, 8))).astype(np.float32)
-    grad[masked] = np.nan
-    main_grad = rng.standard_normal((40, 8)).astype(np.float32)
-    main_grad[0, :3] = -0.0
+    ids, grad, main_grad, masked, padding_idx = masked_route_edge(name)
     ids_t, grad_t, out = to_torch(ids), to_torch(grad), to_torch(main_grad)
     problem = ew._check(ids_t, grad_t, out, padding_idx)
     cfg = dataclasses.replace(ew._config(problem, SORT, True, zero_rows=True), block_h=16)
