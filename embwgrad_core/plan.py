@@ -327,3 +327,21 @@ def masked_compaction(ids, num_embeddings: int, masked, *, padding_idx: int = -1
     left_out = marked & (before_all > 0)
     kept = np.flatnonzero(~left_out).astype(np.int64)
     return kept, keys[kept], np.maximum(before_all[kept] - 1, 0)
+
+
+def masked_split(ids, num_embeddings: int, masked, *, padding_idx: int = -1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What the frontends' masked route computes before its plan (torch _compact_stage, JAX _compact), int64:
+    (positions of the tokens not of key MASKED_LOOKUP_ID, ascending; their keys; positions of that key's
+    unmasked tokens, ascending; each one's rank among all of that key's tokens, masked or not).
+
+    make_masked_plan's arithmetic with the whole row apart: the plan sorts only the first two, and row
+    MASKED_LOOKUP_ID is summed from the last two (partial = rank // NROWS), so a kernel needs no
+    plan for it. Two prefix counts over positions give all four: a kept token t lands at slot
+    t - (row tokens before t).
+    """
+    keys = sanitize_ids(ids, num_embeddings, padding_idx)
+    masked = np.asarray(masked, dtype=bool).reshape(-1)
+    at_row = keys == MASKED_LOOKUP_ID
+    kept = np.flatnonzero(~at_row).astype(np.int64)
+    real = np.flatnonzero(at_row & ~masked).astype(np.int64)
+    return kept, keys[kept], real, (np.cumsum(at_row) - at_row)[real]

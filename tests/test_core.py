@@ -25,6 +25,7 @@ from embwgrad_core import (
     make_masked_plan,
     make_plan,
     masked_compaction,
+    masked_split,
     merge_block,
     merge_ranks,
     pack_keys,
@@ -208,6 +209,24 @@ def test_masked_plan_with_many_real_tokens_at_the_masked_id(n, share, seed):
     grad = (rng.standard_normal((n, 4)) * 2.0 ** rng.integers(-30, 30, (n, 4))).astype(np.float32)
     _masked_plan_matches_reference(ids, masked, grad, 40, None)
     _masked_plan_matches_reference(ids, masked, grad.astype(BF16), 40, None)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_masked_split_ranks_row_tokens_as_the_sort_path(seed):
+    """masked_split (the frontends' masked route): every token not of MASKED_LOOKUP_ID kept in order, and each
+    unmasked token of it ranked as make_plan's sort path ranks it in that id's run (slot - run start)."""
+    rng = np.random.default_rng(seed)
+    masked = rng.random(500) < 0.7
+    ids = np.where(masked | (rng.random(500) < 0.3), MASKED_LOOKUP_ID, rng.integers(-2, 40, 500))
+    kept, kept_keys, real, rank = masked_split(ids, 40, masked)
+    keys = sanitize_ids(ids, 40, -1)
+    np.testing.assert_array_equal(kept, np.flatnonzero(keys != MASKED_LOOKUP_ID))
+    np.testing.assert_array_equal(kept_keys, keys[kept])
+    np.testing.assert_array_equal(real, np.flatnonzero((keys == MASKED_LOOKUP_ID) & ~masked))
+    plan = make_plan(ids, 40, path=SORT)
+    slot_of = np.empty(ids.size, np.int64)
+    slot_of[plan.sorted_pos] = np.arange(ids.size)
+    np.testing.assert_array_equal(rank, slot_of[real] - plan.run_start[slot_of[real]])
 
 
 def test_masked_plan_on_megatron_ids():

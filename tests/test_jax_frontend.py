@@ -27,7 +27,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import jax_frontend
-from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, merge_block, merge_tiles, reference
+from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, masked_split, merge_block, merge_tiles, reference
 from embwgrad_core.dtypes import numpy_dtype
 from jax_frontend import embedding_wgrad as ew
 from tests.cases import MASKED_ROUTE_EDGES, Case, assert_bits_equal, assert_masked_flags, assert_partials_equal, cpu_cases, gpu_cases, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids, zipf_ids
@@ -381,6 +381,12 @@ def test_masked_route_groups_row0_by_rank(seed):
     """The masked route on the merge sort (as the torch twin's test): row 0's unmasked tokens summed in the
     partials of their ranks among all of row 0's tokens (_row0_kernel), the masked rows (NaN) never read."""
     ids, grad, main_grad, masked = masked_row0_tokens(seed)
+    problem = ew._check(to_jax(ids), to_jax(grad), to_jax(main_grad), None)
+    compact, n, stride = np.asarray(ew._compact(to_jax(ids), to_jax(masked.astype(np.int8)), problem, ew._config(problem, SORT))), ids.size, ew._compact_stride(ids.size)
+    kept, kept_keys, real, rank = masked_split(ids, main_grad.shape[0], masked)  # the compaction, as the core defines it
+    assert compact[4 * stride : 4 * stride + 3].tolist() == [kept.size, real.size, n - kept.size]
+    for array, want in enumerate((kept_keys, kept, real, rank)):
+        np.testing.assert_array_equal(compact[array * stride : array * stride + want.size], want)
     out = ew._accumulate(to_jax(ids), to_jax(grad), to_jax(main_grad), to_jax(masked), path=SORT)
     assert_bits_equal(np.asarray(out), reference.accumulate(ids, grad, main_grad, path=SORT, masked=masked))
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torch_frontend
-from embwgrad_core import CHUNK, FEATURE, MASKED_LOOKUP_ID, NROWS, SORT, make_plan, reference, torch_path
+from embwgrad_core import CHUNK, FEATURE, MASKED_LOOKUP_ID, NROWS, SORT, make_plan, masked_split, reference, torch_path
 from tests.cases import Case, assert_bits_equal, assert_partials_equal, assert_masked_flags, core_checked_on_gpu, cpu_cases, gpu_cases, MASKED_ROUTE_EDGES, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids
 from torch_frontend import embedding_wgrad as ew
 
@@ -306,7 +306,11 @@ def test_masked_route_groups_row0_by_rank(seed):
     cfg = dataclasses.replace(ew._config(problem, SORT, True, zero_rows=True), block_h=16)
     flat = to_torch(masked).view(torch.uint8)
     plan = ew._plan_stage(ids_t, problem, cfg, masked=flat)
-    assert plan.compact is not None
+    compact, n = to_numpy(plan.compact), ids.size
+    kept, kept_keys, real, rank = masked_split(ids, main_grad.shape[0], masked)  # the compaction, as the core defines it
+    assert compact[4 * n :].tolist() == [kept.size, real.size, n - kept.size]
+    for array, want in enumerate((kept_keys, kept, real, rank)):
+        np.testing.assert_array_equal(compact[array * n : array * n + want.size], want)
     ew._partials_stage(plan, grad_t, out, problem, cfg, masked=flat)
     assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad, path=SORT, masked=masked))
 

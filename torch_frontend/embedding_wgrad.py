@@ -211,7 +211,7 @@ FOLD_TAIL = tl.constexpr(4)
 MASKED_RECORDS_BLOCK = 256
 
 #: Tokens per program of the masked route's compaction (_compact_counts_kernel, _compact_kernel;
-#: benchmarks/probe_compact.py: 256 and 512 alike, 6.8-9.3 us alone at 4096-65536 tokens, NOTES v55).
+#: the probe of session 55, the same two kernels: 256 and 512 alike, 6.8-9.3 us alone at 4096-65536 tokens, NOTES v55 item 5).
 COMPACT_BLOCK = 512
 #: Columns per program of the masked route's row-0 kernel (_row0_kernel): not tuned.
 ROW0_BLOCK_H = 256
@@ -1855,9 +1855,8 @@ def _compact_stage(ids, masked, problem: Problem, cfg: _Config, launch) -> torch
     return compact
 
 
-def _row0_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config, launch) -> None:
-    """The masked route's last stage: row MASKED_LOOKUP_ID from its unmasked tokens (_row0_kernel)."""
-    strides = _position_strides(grad)
+def _row0_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config, launch, strides) -> None:
+    """The masked route's last stage: row MASKED_LOOKUP_ID from its unmasked tokens (_row0_kernel); strides: grad's (_position_strides)."""
     launch(_row0_kernel, (triton.cdiv(problem.hidden, ROW0_BLOCK_H),),
            (plan.compact, grad, main_grad, problem.num_tokens, problem.hidden, *strides, grad.stride(-1), main_grad.stride(0)), 4,
            pdl=cfg.pdl, SPAN=NROWS, GRAD_ROUNDING=ROUNDING_CODE[problem.grad_dtype], MAIN_ROUNDING=ROUNDING_CODE[problem.main_grad_dtype],
@@ -2019,7 +2018,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         MASKED=masked is not None and cfg.masked_reads,
     )
     if plan.compact is not None:  # (the masked route: row 0 after the partials kernel, which never touches it)
-        _row0_stage(plan, grad, main_grad, problem, cfg, launch)
+        _row0_stage(plan, grad, main_grad, problem, cfg, launch, strides)
     return partials, flags
 
 
