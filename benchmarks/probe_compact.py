@@ -71,7 +71,60 @@ def gpu_probe():
         print(f"| {n}, {tp} | {t_masked:.1f} | {t:.1f}{'' if good else ' DIFFERENT'} |", flush=True)
 
 
+def jax_probe():
+    """The JAX twin on the GPU, stage by stage (chains of donated calls, bench_jax.chain_ms): the masked call
+    with the route and without it (compact off: main's deferral), _compact alone, _compact + the merge sort
+    (the plan of the kept tokens), and _row0 alone. Each chain's per-call time includes its dispatch;
+    each jit is one command buffer, as accumulate's."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    from bench_jax import chain_ms
+    from probe_tp import REAL_H, tp_inputs
+
+    from embwgrad_core import reference
+    from jax_frontend import embedding_wgrad as jw
+
+    points = [(int(p.split(":")[0]), int(p.split(":")[1])) for p in os.environ.get("PROBE_POINTS", "4096:8,8192:8,16384:8,32768:8").split(",")]
+    print("| tokens, TP | masked call | route off | compaction | compaction + merge sort | row 0 | one tiny kernel (us) |\n|---|---|---|---|---|---|---|")
+    for n, tp in points:
+        local, inside, shard = tp_inputs(n, tp)
+        rng = np.random.default_rng(n)
+        grad_np = (rng.standard_normal((n, REAL_H), dtype=np.float32) * inside[:, None]).astype(jnp.bfloat16)
+        ids, grad = jnp.asarray(local.astype(np.int32)), jnp.asarray(grad_np)
+        masked = jnp.asarray(~inside)
+        masked8 = masked.astype(jnp.int8)
+        mg0 = rng.standard_normal((shard, REAL_H), dtype=np.float32)
+        touched = np.unique(local)
+        want = reference.accumulate(local, grad_np, mg0)[touched].view(np.int32)
+        problem = jw._check(ids, grad, jax.ShapeDtypeStruct(mg0.shape, jnp.float32), None)
+        cfg = jw._config(problem, SORT, (), zero_rows=True)
+        marks = []
+        for o in ((), (("compact", False),)):
+            call = functools.partial(jw._accumulate_alone, ids, grad, masked=masked, zero_rows=True, overrides=o)
+            ok = np.array_equal(np.asarray(call(main_grad=jnp.asarray(mg0)))[touched].view(np.int32), want)
+            marks.append(("" if ok else " DIFFERENT"))
+            t, _ = chain_ms(lambda mg: call(main_grad=mg), jnp.asarray(mg0))
+            marks[-1] = f"{t * 1e3:.1f}{marks[-1]}"
+        graph = dict(compiler_options={"xla_gpu_graph_min_graph_size": 1}) if jax.default_backend() == "gpu" else {}  # as accumulate
+        compact = jax.jit(lambda i, m: jw._compact(i, m, problem, cfg), **graph)
+        out = compact(ids, masked8)
+        t_c, _ = chain_ms(lambda o: compact(ids, masked8), out)
+        tiny = jax.jit(lambda i: i + 1, **graph)  # a chain's floor: one small kernel, dispatch included
+        t_0, _ = chain_ms(tiny, ids)
+        sort = jax.jit(lambda mg, i, g, m: jw._merge_sort(i, g, mg, m, problem, cfg, 0, jw._compact(i, m, problem, cfg))[-1],
+                       donate_argnums=0, **graph)
+        t_s, _ = chain_ms(lambda mg: sort(mg, ids, grad, masked8), jnp.asarray(mg0))
+        row0 = jax.jit(lambda mg, c, g: jw._row0(c, g, mg, problem, cfg), donate_argnums=0, **graph)
+        t_r, _ = chain_ms(lambda mg: row0(mg, out, grad), jnp.asarray(mg0))
+        print(f"| {n}, {tp} | {marks[0]} | {marks[1]} | {t_c * 1e3:.1f} | {t_s * 1e3:.1f} | {t_r * 1e3:.1f} | {t_0 * 1e3:.1f} |", flush=True)
+
+
 if __name__ == "__main__":
+    if "--jax" in sys.argv:
+        jax_probe()
+        sys.exit(0)
     if "--check" in sys.argv:
         sys.exit(0 if cpu_check() else 1)
     gpu_probe()

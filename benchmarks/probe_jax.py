@@ -56,6 +56,7 @@ VARIANTS = {
     "skip off": (("zero_skip", 0),),
     # v50: masked without the deferred records (v49's plan: every partial of row 0's run an item)
     "no masked defer": (("masked_defer", False),),
+    "no compact": (("compact", False),),
     "no masked defer 2": (("masked_defer", False),),
     "skip block 256": (("skip_block", 256),),
     "skip block 128": (("skip_block", 128),),

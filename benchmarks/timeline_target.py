@@ -1,6 +1,7 @@
 """A kernel timeline of whole calls: where each kernel of one call starts and ends on the GPU.
 
     python benchmarks/timeline_target.py [trace.json]
+    PROBE_POINTS=32768:8 python benchmarks/timeline_target.py --tp [trace]   (Megatron TP ids, masked)
 
 The H200 image has no Nsight Systems, so this records the GPU's kernel activity with
 torch.profiler (CUPTI, process-wide: JAX's kernels too) and writes a Chrome trace. Inside the
@@ -8,7 +9,9 @@ profiled range: per point, three replays of one torch call captured in a CUDA gr
 (the GPU's time, no host launches), then three calls of the JAX frontend in a donated chain
 (nothing waits in between, as in the benchmark). It prints, for each call (a gap of more than
 20 us ends one), each kernel's, copy's and memset's start and end relative to the call's first,
-in us: the gaps and overlaps between them (NOTES v7 item 8).
+in us: the gaps and overlaps between them (NOTES v7 item 8). With --tp, the same for
+probe_tp.py's Megatron TP points (rank RANK's shard, its input_mask as masked) instead of POINTS:
+where the JAX masked call's time goes beside torch's (NOTES v56).
 """
 
 import json
@@ -54,6 +57,39 @@ def profile(trace):
         print("profiled", n, dist, flush=True)
 
 
+def profile_tp(trace):
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import jax.numpy as jnp
+    import torch
+    from bench_torch import capture_graph
+    from probe_tp import points, torch_inputs
+
+    import jax_frontend
+    import torch_frontend
+
+    for n, tp in points():
+        ids, grad, main_grad, local, inside = torch_inputs(n, tp)
+        masked = torch.from_numpy(~inside).cuda()
+        graph = capture_graph(lambda: torch_frontend.accumulate(ids, grad, main_grad, masked=masked))
+        jids, jmasked = jnp.asarray(local.astype("int32")), jnp.asarray(~inside)
+        jgrad = jnp.asarray(grad.float().cpu().numpy()).astype(jnp.bfloat16)
+        jmain = jnp.asarray(main_grad.cpu().numpy())
+        for _ in range(2):
+            jmain = jax_frontend.accumulate(jids, jgrad, jmain, masked=jmasked)
+        jmain.block_until_ready()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                graph.replay()
+                torch.cuda.synchronize()
+            for _ in range(3):
+                jmain = jax_frontend.accumulate(jids, jgrad, jmain, masked=jmasked)
+            jmain.block_until_ready()
+        prof.export_chrome_trace(f"{trace}.{n}tp{tp}.json")
+        report(f"{trace}.{n}tp{tp}.json", f"{n} TP{tp} masked")
+        print("profiled", n, "TP", tp, flush=True)
+
+
 def report(path, title):
     with open(path) as f:
         events = json.load(f)["traceEvents"]
@@ -75,4 +111,5 @@ def report(path, title):
 
 
 if __name__ == "__main__":
-    sys.exit(profile(sys.argv[1] if len(sys.argv) > 1 else "timeline"))
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    sys.exit((profile_tp if "--tp" in sys.argv else profile)(args[0] if args else "timeline"))
