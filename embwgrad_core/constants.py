@@ -27,6 +27,17 @@ SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 #: the same bits. Measured on the H200 in benchmarks/NOTES.md.
 MERGE_SORT_MAX_TOKENS = 32768
 
+#: With accumulate's masked (Megatron's input_mask), up to this many tokens: the merge sort
+#: then sorts only the tokens that the masked route keeps (every token of MASKED_LOOKUP_ID
+#: leaves the plan; on a rank of TP = t about n / t of them), its grids sized by n but its
+#: blocks past the kept tokens idle. Without masked, or above it, the framework's radix sort
+#: sorts all n tokens. Up to 32768 tokens the route took 4-27% off torch's masked calls at TP 8
+#: (benchmarks/NOTES.md v55-v56); above, the call on the shard's own tokens alone is 54% under
+#: masked at 65536 tokens (v55), which this lets the route reach. Chosen, not yet measured
+#: (NOTES v56 item 5): 65536 keeps even an unmasked call with masked given (m = n) within twice
+#: the merge sort's largest measured n. An implementation choice, not arithmetic.
+MASKED_MERGE_SORT_MAX_TOKENS = 65536
+
 #: Most blocks the merge-rank sort splits n tokens into (plan.merge_block): each token runs
 #: two binary searches in every block at once, so this bounds the lanes per token.
 MERGE_MAX_BLOCKS = 64
