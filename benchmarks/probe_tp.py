@@ -118,7 +118,7 @@ def run_stages(with_mask=False, dropped=False):
         for fields in ({"fold_programs": 0}, {"fold_programs": 0, "long_block_h": 32, "long_batch": 128}):
             with config_overrides(**fields):
                 problem = ew._check(ids, grad, main_grad, None)
-                cfg = ew._config(problem, ew.torch_path(n), False, *ew._device_traits(0), zero_rows=True)
+                cfg = ew._config(problem, ew.torch_path(n), False, *ew._device_traits(0), zero_rows=True, masked=with_mask)
                 cfg = dataclasses.replace(cfg, pdl=False)
                 plan = ew._plan_stage(ids, problem, cfg, masked=flat)
                 partials, flags = ew._partials_stage(plan, grad, main_grad, problem, cfg, ids=ids, masked=flat)
@@ -171,7 +171,7 @@ def _gap_kind(ids, grad, main_grad, mask):
 
     n = ids.numel()
     problem = ew._check(ids, grad, main_grad, None)
-    cfg = ew._config(problem, ew.torch_path(n), False, *ew._device_traits(0), zero_rows=True)
+    cfg = ew._config(problem, ew.torch_path(n), False, *ew._device_traits(0), zero_rows=True, masked=mask is not None)
     cfg = dataclasses.replace(cfg, pdl=False, fold_programs=0)
     plan = ew._plan_stage(ids, problem, cfg, masked=mask)
     saved = plan.workspace.clone()  # the plan's counters, for each repetition of a stage that moves them
