@@ -10,13 +10,15 @@ profiled range: per point, three replays of one torch call captured in a CUDA gr
 (nothing waits in between, as in the benchmark). It prints, for each call (a gap of more than
 20 us ends one), each kernel's, copy's and memset's start and end relative to the call's first,
 in us: the gaps and overlaps between them (NOTES v7 item 8). With --tp, the same for
-probe_tp.py's Megatron TP points (rank RANK's shard, its input_mask as masked) instead of POINTS:
-where the JAX masked call's time goes beside torch's (NOTES v56).
+probe_tp.py's Megatron TP points (rank RANK's shard, its input_mask as masked) instead of POINTS,
+and three JAX calls of probe_tp's "dropped" bound after them: where the JAX masked call's time
+goes beside torch's and beside the bound's (NOTES v56).
 """
 
 import json
 import os
 import sys
+import time
 
 POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf")]
 
@@ -78,6 +80,11 @@ def profile_tp(trace):
             jmain = jax_frontend.accumulate(jids, jgrad, jmain, masked=jmasked)
         jmain.block_until_ready()
         torch.cuda.synchronize()
+        jdropped = jnp.where(jmasked, -1, jids)  # probe_tp's "dropped" bound, for kernel against kernel
+        for _ in range(2):
+            jmain = jax_frontend.accumulate(jdropped, jgrad, jmain, zero_rows=True)
+        jmain.block_until_ready()
+        torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 graph.replay()
@@ -85,8 +92,12 @@ def profile_tp(trace):
             for _ in range(3):
                 jmain = jax_frontend.accumulate(jids, jgrad, jmain, masked=jmasked)
             jmain.block_until_ready()
+            time.sleep(0.001)  # a gap, so that the report cuts the dropped calls apart
+            for _ in range(3):
+                jmain = jax_frontend.accumulate(jdropped, jgrad, jmain, zero_rows=True)
+            jmain.block_until_ready()
         prof.export_chrome_trace(f"{trace}.{n}tp{tp}.json")
-        report(f"{trace}.{n}tp{tp}.json", f"{n} TP{tp} masked")
+        report(f"{trace}.{n}tp{tp}.json", f"{n} TP{tp}: 3 torch masked, 3 JAX masked, 3 JAX dropped")
         print("profiled", n, "TP", tp, flush=True)
 
 
