@@ -649,17 +649,21 @@ def test_cuda_lowering_is_triton_and_aliases_main_grad(n, x64, plan_kernels):
     assert all("output_operand_aliases" in line for line in writers)
 
 
-def test_cuda_lowering_of_the_masked_route():
-    """Lowered for CUDA with masked on the merge sort: the compaction's two kernels before the plan, row 0's
-    kernel last, with main_grad aliased through all (no deferred records)."""
-    n = 8192
+def _masked_cuda_module(n: int) -> tuple[str, list[str], list[str]]:
+    """accumulate with masked on n tokens at the real shape, lowered for CUDA: (text, its Triton calls, their names)."""
     ids = jax.ShapeDtypeStruct((n,), jnp.int32)
     grad = jax.ShapeDtypeStruct((n, 7168), jnp.bfloat16)
     main_grad = jax.ShapeDtypeStruct((129280, 7168), jnp.float32)
     masked = jax.ShapeDtypeStruct((n,), jnp.bool_)
     text = _cuda_module(ew._accumulate, ids, grad, main_grad, masked, overrides=(("interpret", False),))
     calls = [line for line in text.splitlines() if TRITON_CALL.search(line)]
-    names = [re.search(r'name = "(\w+)"', line).group(1) for line in calls]
+    return text, calls, [re.search(r'name = "(\w+)"', line).group(1) for line in calls]
+
+
+def test_cuda_lowering_of_the_masked_route():
+    """Lowered for CUDA with masked on the merge sort: the compaction's two kernels before the plan, row 0's
+    kernel last, with main_grad aliased through all (no deferred records)."""
+    text, calls, names = _masked_cuda_module(8192)
     assert names == ["embwgrad_compact_counts", "embwgrad_compact"] + MERGE_KERNELS + ["embwgrad_partials", "embwgrad_row0"]
     assert "output_operand_aliases" in calls[-1]
     assert re.search(r"%arg2: tensor<129280x7168xf32> \{[^}]*tf\.aliasing_output = 0", text)
@@ -669,13 +673,7 @@ def test_cuda_lowering_of_the_masked_route():
 def test_cuda_lowering_with_masked_defers_records(n, plan_kernels):
     """Lowered for CUDA with masked above the merge sort: the deferred records' kernel between the plan and
     the partials, whose flags output it fills in (aliased); main_grad aliased as without masked."""
-    ids = jax.ShapeDtypeStruct((n,), jnp.int32)
-    grad = jax.ShapeDtypeStruct((n, 7168), jnp.bfloat16)
-    main_grad = jax.ShapeDtypeStruct((129280, 7168), jnp.float32)
-    masked = jax.ShapeDtypeStruct((n,), jnp.bool_)
-    text = _cuda_module(ew._accumulate, ids, grad, main_grad, masked, overrides=(("interpret", False),))
-    calls = [line for line in text.splitlines() if TRITON_CALL.search(line)]
-    names = [re.search(r'name = "(\w+)"', line).group(1) for line in calls]
+    text, calls, names = _masked_cuda_module(n)
     long_runs = n > FOLD_ROLE_MAX_TOKENS
     assert names == plan_kernels + ["embwgrad_masked_records", "embwgrad_partials"] + ["embwgrad_long_runs"] * long_runs
     records, partials = calls[len(plan_kernels)], calls[len(plan_kernels) + 1]
