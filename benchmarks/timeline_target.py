@@ -10,13 +10,15 @@ profiled range: per point, three replays of one torch call captured in a CUDA gr
 (nothing waits in between, as in the benchmark). It prints, for each call (a gap of more than
 20 us ends one), each kernel's, copy's and memset's start and end relative to the call's first,
 in us: the gaps and overlaps between them (NOTES v7 item 8). With --tp, the same for
-probe_tp.py's Megatron TP points (rank RANK's shard, its input_mask as masked) instead of POINTS:
-where the JAX masked call's time goes beside torch's (NOTES v56).
+probe_tp.py's Megatron TP points (rank RANK's shard, its input_mask as masked) instead of POINTS,
+and three JAX calls of probe_tp's "dropped" bound after them: where the JAX masked call's time
+goes beside torch's and beside the bound's (NOTES v56).
 """
 
 import json
 import os
 import sys
+import time
 
 POINTS = [(4096, "uniform"), (8192, "uniform"), (8192, "zipf")]
 
@@ -41,19 +43,7 @@ def profile(trace):
         graph = capture_graph(lambda: torch_frontend.accumulate(ids, grad, main_grad))
         jids = jnp.asarray(ids_np, jnp.int32)
         jgrad = jnp.asarray(grad.float().cpu().numpy()).astype(jnp.bfloat16)
-        for _ in range(2):
-            jmain = jax_frontend.accumulate(jids, jgrad, jmain)
-        jmain.block_until_ready()
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                graph.replay()
-                torch.cuda.synchronize()
-            for _ in range(3):  # chained, as the benchmark times them: nothing waits in between
-                jmain = jax_frontend.accumulate(jids, jgrad, jmain)
-            jmain.block_until_ready()
-        prof.export_chrome_trace(f"{trace}.{n}{dist[0]}.json")
-        report(f"{trace}.{n}{dist[0]}.json", f"{n} {dist}")
+        jmain = timeline(f"{trace}.{n}{dist[0]}.json", f"{n} {dist}", graph, [lambda m: jax_frontend.accumulate(jids, jgrad, m)], jmain)
         print("profiled", n, dist, flush=True)
 
 
@@ -73,21 +63,39 @@ def profile_tp(trace):
         graph = capture_graph(lambda: torch_frontend.accumulate(ids, grad, main_grad, masked=masked))
         jids, jmasked = jnp.asarray(local.astype("int32")), jnp.asarray(~inside)
         jgrad = jnp.asarray(grad.float().cpu().numpy()).astype(jnp.bfloat16)
-        jmain = jnp.asarray(main_grad.cpu().numpy())
-        for _ in range(2):
-            jmain = jax_frontend.accumulate(jids, jgrad, jmain, masked=jmasked)
-        jmain.block_until_ready()
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                graph.replay()
-                torch.cuda.synchronize()
-            for _ in range(3):
-                jmain = jax_frontend.accumulate(jids, jgrad, jmain, masked=jmasked)
-            jmain.block_until_ready()
-        prof.export_chrome_trace(f"{trace}.{n}tp{tp}.json")
-        report(f"{trace}.{n}tp{tp}.json", f"{n} TP{tp} masked")
+        jdropped = jnp.where(jmasked, -1, jids)  # probe_tp's "dropped" bound, for kernel against kernel
+        steps = [lambda m: jax_frontend.accumulate(jids, jgrad, m, masked=jmasked),
+                 lambda m: jax_frontend.accumulate(jdropped, jgrad, m, zero_rows=True)]
+        timeline(f"{trace}.{n}tp{tp}.json", f"{n} TP{tp}: 3 torch masked, 3 JAX masked, 3 JAX dropped", graph, steps,
+                 jnp.asarray(main_grad.cpu().numpy()))
         print("profiled", n, "TP", tp, flush=True)
+
+
+def timeline(path, title, graph, steps, jmain):
+    """Three replays of a captured torch call, then three chained calls of each JAX step (main_grad ->
+    main_grad, donated; as the benchmark times them, nothing waits in between; a gap between steps, so
+    that the report cuts them apart), all profiled; the trace written to path and reported. Returns the
+    last main_grad."""
+    import torch
+
+    for step in steps:  # compiled and warm before the profile
+        for _ in range(2):
+            jmain = step(jmain)
+        jmain.block_until_ready()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+        for i, step in enumerate(steps):
+            if i:
+                time.sleep(0.001)
+            for _ in range(3):
+                jmain = step(jmain)
+            jmain.block_until_ready()
+    prof.export_chrome_trace(path)
+    report(path, title)
+    return jmain
 
 
 def report(path, title):

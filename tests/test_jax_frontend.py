@@ -649,17 +649,22 @@ def test_cuda_lowering_is_triton_and_aliases_main_grad(n, x64, plan_kernels):
     assert all("output_operand_aliases" in line for line in writers)
 
 
-@pytest.mark.parametrize("n", [8192, MERGE_SORT_MAX_TOKENS + 1, MASKED_MERGE_SORT_MAX_TOKENS])
-def test_cuda_lowering_of_the_masked_route(n):
-    """Lowered for CUDA with masked on the merge sort (to MASKED_MERGE_SORT_MAX_TOKENS): the compaction's two
-    kernels before the plan, row 0's kernel last, with main_grad aliased through all (no deferred records)."""
+def _masked_cuda_module(n: int) -> tuple[str, list[str], list[str]]:
+    """accumulate with masked on n tokens at the real shape, lowered for CUDA: (text, its Triton calls, their names)."""
     ids = jax.ShapeDtypeStruct((n,), jnp.int32)
     grad = jax.ShapeDtypeStruct((n, 7168), jnp.bfloat16)
     main_grad = jax.ShapeDtypeStruct((129280, 7168), jnp.float32)
     masked = jax.ShapeDtypeStruct((n,), jnp.bool_)
     text = _cuda_module(ew._accumulate, ids, grad, main_grad, masked, overrides=(("interpret", False),))
     calls = [line for line in text.splitlines() if TRITON_CALL.search(line)]
-    names = [re.search(r'name = "(\w+)"', line).group(1) for line in calls]
+    return text, calls, [re.search(r'name = "(\w+)"', line).group(1) for line in calls]
+
+
+@pytest.mark.parametrize("n", [8192, MERGE_SORT_MAX_TOKENS + 1, MASKED_MERGE_SORT_MAX_TOKENS])
+def test_cuda_lowering_of_the_masked_route(n):
+    """Lowered for CUDA with masked on the merge sort (to MASKED_MERGE_SORT_MAX_TOKENS): the compaction's two
+    kernels before the plan, row 0's kernel last, with main_grad aliased through all (no deferred records)."""
+    text, calls, names = _masked_cuda_module(n)
     long_runs = n > FOLD_ROLE_MAX_TOKENS
     assert names == ["embwgrad_compact_counts", "embwgrad_compact"] + MERGE_KERNELS + ["embwgrad_partials"] + ["embwgrad_long_runs"] * long_runs + ["embwgrad_row0"]
     assert "stablehlo.sort" not in text
@@ -671,13 +676,7 @@ def test_cuda_lowering_of_the_masked_route(n):
 def test_cuda_lowering_with_masked_defers_records(n, plan_kernels):
     """Lowered for CUDA with masked above the merge sort: the deferred records' kernel between the plan and
     the partials, whose flags output it fills in (aliased); main_grad aliased as without masked."""
-    ids = jax.ShapeDtypeStruct((n,), jnp.int32)
-    grad = jax.ShapeDtypeStruct((n, 7168), jnp.bfloat16)
-    main_grad = jax.ShapeDtypeStruct((129280, 7168), jnp.float32)
-    masked = jax.ShapeDtypeStruct((n,), jnp.bool_)
-    text = _cuda_module(ew._accumulate, ids, grad, main_grad, masked, overrides=(("interpret", False),))
-    calls = [line for line in text.splitlines() if TRITON_CALL.search(line)]
-    names = [re.search(r'name = "(\w+)"', line).group(1) for line in calls]
+    text, calls, names = _masked_cuda_module(n)
     long_runs = n > FOLD_ROLE_MAX_TOKENS
     assert names == plan_kernels + ["embwgrad_masked_records", "embwgrad_partials"] + ["embwgrad_long_runs"] * long_runs
     records, partials = calls[len(plan_kernels)], calls[len(plan_kernels) + 1]

@@ -885,7 +885,7 @@ def _compact_kernel(
     BLOCKS_P2: tl.constexpr,  # a power of two >= the number of blocks
     PDL: tl.constexpr,
 ):
-    """The masked route's compaction (embwgrad_core.masked_compaction's prefix count, with every token of
+    """The masked route's compaction (embwgrad_core.masked_split: a prefix count, every token of
     MASKED_LOOKUP_ID leaving the plan): the other tokens' keys and positions at slot t - (row-0 tokens
     before t), the first m of compact_ptr's first two arrays; row 0's unmasked tokens' positions and
     their ranks among all row-0 tokens at their index among them; the header (m, those, all row-0 tokens).
@@ -958,7 +958,6 @@ def _row0_kernel(
                             other=0).to(tl.float32)
         total += part
         _add_to_row(main_grad_ptr + _MASKED_ID * main_grad_stride, cols, live_h, _round(total, GRAD_ROUNDING), MAIN_ROUNDING)
-
 
 
 @triton.jit
