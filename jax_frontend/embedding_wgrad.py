@@ -420,55 +420,65 @@ def _merge_rank_kernel(
     """
     m = counts_in_ref[_M] if compact else n  # (the same buffer as counts_ref: the block sort wrote it)
     u0 = (pl.program_id(0) if pid is None else pid) * block_u
-    u = u0 + lax.iota(jnp.int32, block_u)
-    live = u < m
-    key = plgpu.load(block_keys_ref.at[pl.ds(u0, block_u)], mask=live, other=0)
-    pos = plgpu.load(block_pos_ref.at[pl.ds(u0, block_u)], mask=live, other=0)
-    own = u // block
-    c = lax.iota(jnp.int32, num_blocks)
-    # [num_blocks, block_u] lanes, tokens along the last axis: XLA's Triton then gives a
-    # warp's lanes consecutive tokens probing one block (the same or nearby keys, few L1
-    # wavefronts per gather). As [block_u, num_blocks] a warp's lanes probed 32 blocks at
-    # once and every key broadcast went through shared memory: 19.3 us against 9.9 (H200,
-    # 8192 tokens, Nsight Compute; benchmarks/NOTES.md v6).
-    c0 = (c * block)[:, None]  # [num_blocks, 1]: block c's offset and length
-    c_len = jnp.minimum(jnp.maximum(m - c * block, 0), block)[:, None]
-    k = key[None, :]
 
-    # Searches of [lo, hi]. The torch twin keeps only lo (a probe at lo + s - 1 adds s or not): in
-    # JAX that form measured 1.3 us faster at 16384 tokens, 1.5-2.5 us slower at 32768 and within
-    # noise at 4096-8192 (H200, benchmarks/NOTES.md v30), so this one stays.
-    def halve(_, bounds):  # lo_lt -> keys < key in block c, lo_le -> keys <= key in block c
-        lo_lt, hi_lt, lo_le, hi_le = bounds
-        mid_lt = (lo_lt + hi_lt) // 2
-        mid_le = (lo_le + hi_le) // 2
-        below_lt = plgpu.load(block_keys_ref.at[c0 + mid_lt], mask=mid_lt < c_len, other=_INT32_MAX) < k
-        below_le = plgpu.load(block_keys_ref.at[c0 + mid_le], mask=mid_le < c_len, other=_INT32_MAX) <= k
-        lo_lt, hi_lt = jnp.where(below_lt, mid_lt + 1, lo_lt), jnp.where(below_lt, hi_lt, mid_lt)
-        lo_le, hi_le = jnp.where(below_le, mid_le + 1, lo_le), jnp.where(below_le, hi_le, mid_le)
-        return lo_lt, hi_lt, lo_le, hi_le
+    def ranks():
+        u = u0 + lax.iota(jnp.int32, block_u)
+        live = u < m
+        key = plgpu.load(block_keys_ref.at[pl.ds(u0, block_u)], mask=live, other=0)
+        pos = plgpu.load(block_pos_ref.at[pl.ds(u0, block_u)], mask=live, other=0)
+        own = u // block
+        c = lax.iota(jnp.int32, num_blocks)
+        # [num_blocks, block_u] lanes, tokens along the last axis: XLA's Triton then gives a
+        # warp's lanes consecutive tokens probing one block (the same or nearby keys, few L1
+        # wavefronts per gather). As [block_u, num_blocks] a warp's lanes probed 32 blocks at
+        # once and every key broadcast went through shared memory: 19.3 us against 9.9 (H200,
+        # 8192 tokens, Nsight Compute; benchmarks/NOTES.md v6).
+        c0 = (c * block)[:, None]  # [num_blocks, 1]: block c's offset and length
+        c_len = jnp.minimum(jnp.maximum(m - c * block, 0), block)[:, None]
+        k = key[None, :]
 
-    lo = jnp.zeros((num_blocks, block_u), jnp.int32)
-    bounds = (lo, lo + c_len, lo, lo + c_len)
-    if unroll:
-        for step in range(steps):
-            bounds = halve(step, bounds)
+        # Searches of [lo, hi]. The torch twin keeps only lo (a probe at lo + s - 1 adds s or not): in
+        # JAX that form measured 1.3 us faster at 16384 tokens, 1.5-2.5 us slower at 32768 and within
+        # noise at 4096-8192 (H200, benchmarks/NOTES.md v30), so this one stays.
+        def halve(_, bounds):  # lo_lt -> keys < key in block c, lo_le -> keys <= key in block c
+            lo_lt, hi_lt, lo_le, hi_le = bounds
+            mid_lt = (lo_lt + hi_lt) // 2
+            mid_le = (lo_le + hi_le) // 2
+            below_lt = plgpu.load(block_keys_ref.at[c0 + mid_lt], mask=mid_lt < c_len, other=_INT32_MAX) < k
+            below_le = plgpu.load(block_keys_ref.at[c0 + mid_le], mask=mid_le < c_len, other=_INT32_MAX) <= k
+            lo_lt, hi_lt = jnp.where(below_lt, mid_lt + 1, lo_lt), jnp.where(below_lt, hi_lt, mid_lt)
+            lo_le, hi_le = jnp.where(below_le, mid_le + 1, lo_le), jnp.where(below_le, hi_le, mid_le)
+            return lo_lt, hi_lt, lo_le, hi_le
+
+        lo = jnp.zeros((num_blocks, block_u), jnp.int32)
+        bounds = (lo, lo + c_len, lo, lo + c_len)
+        if unroll:
+            for step in range(steps):
+                bounds = halve(step, bounds)
+        else:
+            bounds = lax.fori_loop(0, steps, halve, bounds)
+        lo_lt, _, lo_le, _ = bounds
+        earlier_block = c[:, None] < own[None, :]
+        later_block = c[:, None] > own[None, :]
+        others = jnp.where(earlier_block, lo_le, jnp.where(later_block, lo_lt, 0))
+        slot = u - own * block + jnp.sum(others, axis=0, dtype=jnp.int32)
+        run_start = jnp.sum(lo_lt, axis=0, dtype=jnp.int32)
+        run_end = jnp.sum(lo_le, axis=0, dtype=jnp.int32)
+        slot = jnp.where(live, slot, u)  # lanes past n scatter past the end (see _rank_kernel)
+        plgpu.store(sorted_keys_ref.at[slot], key, mask=live)
+        plgpu.store(sorted_pos_ref.at[slot], pos, mask=live, eviction_policy=plan_policy)
+        plgpu.store(run_start_ref.at[slot], run_start, mask=live)
+        plgpu.store(run_end_ref.at[slot], run_end, mask=live)
+        _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, n=n,
+                        policy=plan_policy, defer=defer)
+
+    if compact:
+        # The masked route's grid is sized for n, its tokens are m: programs past them exit, as the torch twin's. Without
+        # this they searched the live blocks for dead lanes: 38.7 us of the JAX masked call's 99 at 32768 tokens, TP 8,
+        # against 14 us in the torch twin (H200, timeline_target.py --tp; benchmarks/NOTES.md v57).
+        pl.when(u0 < m)(ranks)
     else:
-        bounds = lax.fori_loop(0, steps, halve, bounds)
-    lo_lt, _, lo_le, _ = bounds
-    earlier_block = c[:, None] < own[None, :]
-    later_block = c[:, None] > own[None, :]
-    others = jnp.where(earlier_block, lo_le, jnp.where(later_block, lo_lt, 0))
-    slot = u - own * block + jnp.sum(others, axis=0, dtype=jnp.int32)
-    run_start = jnp.sum(lo_lt, axis=0, dtype=jnp.int32)
-    run_end = jnp.sum(lo_le, axis=0, dtype=jnp.int32)
-    slot = jnp.where(live, slot, u)  # lanes past n scatter past the end (see _rank_kernel)
-    plgpu.store(sorted_keys_ref.at[slot], key, mask=live)
-    plgpu.store(sorted_pos_ref.at[slot], pos, mask=live, eviction_policy=plan_policy)
-    plgpu.store(run_start_ref.at[slot], run_start, mask=live)
-    plgpu.store(run_end_ref.at[slot], run_end, mask=live)
-    _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, n=n, policy=plan_policy,
-                    defer=defer)
+        ranks()
 
 
 def _rank_kernel(
