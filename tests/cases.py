@@ -291,6 +291,11 @@ def gpu_cases() -> list[Case]:
         local, zeros, shard = tp_ids(n, 8)
         zeros = zeros[np.arange(zeros.size) % 997 != 500]
         cases.append(Case(f"megatron-tp8-{n}", local, hidden, shard, seed=n, zero_positions=zeros))
+    # masked given with no token masked at the masked route's largest n: its merge sort of all n tokens
+    # (64 full blocks), row 0's tokens all unmasked (the row-0 kernel's partials).
+    ids = zipf_ids(MASKED_MERGE_SORT_MAX_TOKENS, 20000, seed=16)
+    ids[::97] = 0
+    cases.append(Case(f"masked-none-{MASKED_MERGE_SORT_MAX_TOKENS}", ids, 256, 20000, seed=16, zero_positions=np.zeros(0, np.int64)))
     # zero_rows with a run of zero rows too short for flags (600 padding tokens: 60 partials, below
     # ZERO_SKIP_MIN_PARTIALS): each of its zero partials must be stored, since its folds read them
     # all (NOTES v49: they were not, and the folds read stale scratch).
