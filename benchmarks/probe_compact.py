@@ -27,7 +27,7 @@ def compact(ids, masked_u8, main_grad, hidden_grad):
     """_compact_stage's output (int32 [_COMPACT_ARRAYS * n + 3]) for these tokens."""
     problem = ew._check(ids, hidden_grad, main_grad, None)
     cfg = ew._config(problem, SORT, ew._interpreting(), *((4, False) if ew._interpreting() else ew._device_traits(main_grad.device.index)),
-                     zero_rows=True)
+                     zero_rows=True, masked=True)
     return ew._compact_stage(ids, masked_u8, problem, cfg, ew._Launcher())
 
 
@@ -99,7 +99,7 @@ def jax_probe():
         touched = np.unique(local)
         want = reference.accumulate(local, grad_np, mg0)[touched].view(np.int32)
         problem = jw._check(ids, grad, jax.ShapeDtypeStruct(mg0.shape, jnp.float32), None)
-        cfg = jw._config(problem, SORT, (), zero_rows=True)
+        cfg = jw._config(problem, SORT, (), zero_rows=True, masked=True)
         marks = []
         for o in ((), (("compact", False),)):
             call = functools.partial(jw._accumulate_alone, ids, grad, masked=masked, zero_rows=True, overrides=o)

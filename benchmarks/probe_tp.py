@@ -19,6 +19,7 @@ variant "skip off" is a call without it), against the dense path on the shard's 
     python benchmarks/probe_tp.py --stages --dropped          (the same for --bound's dropped tokens, ids -1)
     python benchmarks/probe_tp.py --gap                       (torch, masked against dropped, kernel by kernel)
     python benchmarks/probe_tp.py --jax --masked [variants]   (those variants with masked=input_mask)
+    PROBE_POINTS=65536:uniform,65536:zipf python benchmarks/probe_tp.py --none-masked   (masked given, none set; both frontends)
 """
 
 import dataclasses
@@ -118,7 +119,7 @@ def run_stages(with_mask=False, dropped=False):
         for fields in ({"fold_programs": 0}, {"fold_programs": 0, "long_block_h": 32, "long_batch": 128}):
             with config_overrides(**fields):
                 problem = ew._check(ids, grad, main_grad, None)
-                cfg = ew._config(problem, ew.torch_path(n), False, *ew._device_traits(0), zero_rows=True)
+                cfg = ew._config(problem, ew.torch_path(n), False, *ew._device_traits(0), zero_rows=True, masked=with_mask)
                 cfg = dataclasses.replace(cfg, pdl=False)
                 plan = ew._plan_stage(ids, problem, cfg, masked=flat)
                 partials, flags = ew._partials_stage(plan, grad, main_grad, problem, cfg, ids=ids, masked=flat)
@@ -171,7 +172,7 @@ def _gap_kind(ids, grad, main_grad, mask):
 
     n = ids.numel()
     problem = ew._check(ids, grad, main_grad, None)
-    cfg = ew._config(problem, ew.torch_path(n), False, *ew._device_traits(0), zero_rows=True)
+    cfg = ew._config(problem, ew.torch_path(n), False, *ew._device_traits(0), zero_rows=True, masked=mask is not None)
     cfg = dataclasses.replace(cfg, pdl=False, fold_programs=0)
     plan = ew._plan_stage(ids, problem, cfg, masked=mask)
     saved = plan.workspace.clone()  # the plan's counters, for each repetition of a stage that moves them
@@ -310,9 +311,59 @@ def run_bound_jax():
               f"dropped {t_drop * 1e3:.1f}, own tokens alone {t_own * 1e3:.1f}", flush=True)
 
 
+def run_none_masked():
+    """The masked route's worst case: masked given with no token masked (a TP = 1 caller that passes
+    its all-False mask), so the route sorts all n tokens on the merge sort, where the call without
+    masked takes the library sort above MERGE_SORT_MAX_TOKENS. PROBE_POINTS here are n:ids (ids over
+    the whole vocabulary, uniform or zipf): torch in CUDA graphs, JAX in chains of donated calls,
+    each checked bit for bit (torch against the deterministic dense path on the rows of ids that occur,
+    the other rows against main_grad; JAX against the core, every row)."""
+    import jax.numpy as jnp
+    import torch
+    from bench_jax import chain_ms
+    from bench_torch import dense_expected, graph_ms, same_bits
+    from common import ids_for
+
+    import jax_frontend
+    import torch_frontend
+    from embwgrad_core import reference
+
+    for spec in os.environ.get("PROBE_POINTS", "65536:uniform,65536:zipf").split(","):
+        n, dist = int(spec.split(":")[0]), spec.split(":")[1]
+        ids_np = ids_for(dist, n, REAL_V)
+        rng = np.random.default_rng(n)
+        grad_np = rng.standard_normal((n, REAL_H), dtype=np.float32).astype(jnp.bfloat16)
+        mg0 = rng.standard_normal((REAL_V, REAL_H), dtype=np.float32)
+        ids, main_grad = torch.from_numpy(ids_np).cuda(), torch.from_numpy(mg0).cuda()
+        grad = torch.from_numpy(grad_np.view(np.int16)).cuda().view(torch.bfloat16)
+        none = torch.zeros(n, dtype=torch.bool, device="cuda")
+        # The rows of ids that occur against the dense path; the others must keep their bits, which the dense
+        # path changes where they hold -0 (NumPy's float32 normals hold a few: 47 in this main_grad at 65536).
+        touched = torch.from_numpy(np.unique(ids_np)).cuda()
+        expected = dense_expected(ids, grad, main_grad)
+        out = main_grad.clone()
+        torch_frontend.accumulate(ids, grad, out, masked=none)
+        untouched = torch.ones(REAL_V, dtype=torch.bool, device="cuda")
+        untouched[touched] = False
+        ok = same_bits(out[touched], expected[touched]) and same_bits(out[untouched], main_grad[untouched])
+        t_without = graph_ms(lambda: torch_frontend.accumulate(ids, grad, out, zero_rows=True)) * 1e3
+        t_none = graph_ms(lambda: torch_frontend.accumulate(ids, grad, out, masked=none)) * 1e3
+        del out, main_grad, expected
+        torch.cuda.empty_cache()
+        jids, jgrad, jnone = jnp.asarray(ids_np.astype(np.int32)), jnp.asarray(grad_np), jnp.zeros(n, bool)
+        got = np.asarray(jax_frontend.accumulate(jids, jgrad, jnp.asarray(mg0), masked=jnone))
+        jok = np.array_equal(got.view(np.int32), reference.accumulate(ids_np, grad_np, mg0).view(np.int32))  # (the core keeps every other row)
+        j_without, _ = chain_ms(lambda mg: jax_frontend.accumulate(jids, jgrad, mg, zero_rows=True), jnp.asarray(mg0))
+        j_none, _ = chain_ms(lambda mg: jax_frontend.accumulate(jids, jgrad, mg, masked=jnone), jnp.asarray(mg0))
+        print(f"n={n} {dist}: torch without masked {t_without:.1f} us, none masked {t_none:.1f}{'' if ok else ' DIFFERENT'}; "
+              f"JAX without masked {j_without * 1e3:.1f}, none masked {j_none * 1e3:.1f}{'' if jok else ' DIFFERENT'}", flush=True)
+
+
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    if "--jax" in sys.argv and "--bound" in sys.argv:
+    if "--none-masked" in sys.argv:
+        run_none_masked()
+    elif "--jax" in sys.argv and "--bound" in sys.argv:
         run_bound_jax()
     elif "--jax" in sys.argv:
         run_jax(args[0].split(",") if args else ["default"], with_mask="--masked" in sys.argv)

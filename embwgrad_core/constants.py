@@ -27,6 +27,20 @@ SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 #: the same bits. Measured on the H200 in benchmarks/NOTES.md.
 MERGE_SORT_MAX_TOKENS = 32768
 
+#: With accumulate's masked (Megatron's input_mask), up to this many tokens: the merge sort
+#: then sorts only the tokens that the masked route keeps (every token of MASKED_LOOKUP_ID
+#: leaves the plan; on a rank of TP = t about n / t of them), its grids sized by n but its
+#: programs past the kept tokens idle. Without masked, or above it, the framework's radix sort
+#: sorts all n tokens. H200, Megatron's ids (probe_tp.py --bound, rank 1, Zipf(1.1)), masked, us,
+#: library sort with deferred records -> this route (benchmarks/NOTES.md v57): torch 49152 TP 8
+#: 204.6 -> 157.7, 65536 TP 8 157.2 -> 106.6, 65536 TP 2 420.5 -> 387.2; JAX 65536 TP 8 160.2 ->
+#: 110.3, 65536 TP 2 404.1 -> 395.6. Its worst case, masked given with no token masked (m = n),
+#: at 65536 tokens over the whole vocabulary (probe_tp.py --none-masked), against the call
+#: without masked: torch 1044 -> 1115 (uniform) and 607 -> 647 (Zipf), JAX 1031 -> 1090 and 609
+#: -> 658, 6-8% slower; Megatron passes input_mask only with TP > 1. An implementation choice,
+#: not arithmetic.
+MASKED_MERGE_SORT_MAX_TOKENS = 65536
+
 #: Most blocks the merge-rank sort splits n tokens into (plan.merge_block): each token runs
 #: two binary searches in every block at once, so this bounds the lanes per token.
 MERGE_MAX_BLOCKS = 64

@@ -20,12 +20,20 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .constants import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_MAX_BLOCKS, MERGE_MIN_BLOCK, NROWS, ROWS_AHEAD_ELEMENTS, SORT
+from .constants import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, MASKED_LOOKUP_ID, MASKED_MERGE_SORT_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_MIN_BLOCK, MERGE_SORT_MAX_TOKENS, NROWS, ROWS_AHEAD_ELEMENTS, SORT
 
 
 def torch_path(num_tokens: int) -> str:
     """The path PyTorch's CUDA embedding backward takes for this many tokens: FEATURE or SORT."""
     return FEATURE if num_tokens <= FEATURE_PATH_MAX_TOKENS else SORT
+
+
+def merge_sorted(num_tokens: int, masked: bool = False) -> bool:
+    """Whether the sort path of num_tokens tokens sorts with the frontends' merge-rank kernels
+    (else with the framework's radix sort); masked: accumulate's masked is given, so the masked
+    route sorts only the tokens it keeps (MASKED_MERGE_SORT_MAX_TOKENS). Any stable sort gives
+    the same bits: this chooses speed only."""
+    return num_tokens <= (MASKED_MERGE_SORT_MAX_TOKENS if masked else MERGE_SORT_MAX_TOKENS)
 
 
 def sanitize_ids(ids, num_embeddings: int, padding_idx: int = -1) -> np.ndarray:

@@ -11,7 +11,9 @@ in the same order (SPEC.md), the pieces named as embwgrad_core.plan names them.
    50 us for XLA's sort). On a GPU the merge kernel's grid also has programs that read the
    first ROWS_AHEAD positions' grad rows and main_grad rows into L2 while it merges
    (``_merge_rows_ahead_kernel``; DRAM idles during the plan). Above it ``lax.sort`` (see
-   ``_sort``), where XLA uses CUB's radix sort and the grad bytes dwarf it.
+   ``_sort``), where XLA uses CUB's radix sort and the grad bytes dwarf it; with accumulate's
+   masked up to MASKED_MERGE_SORT_MAX_TOKENS the merge sort still, of the tokens the masked
+   route keeps (embwgrad_core.merge_sorted; ``_compact``).
    Feature path: ``_rank_kernel`` ranks each token by counting the tokens that sort before
    it, which also gives every token its chunk's ordinal within its run and, from the tokens
    of its key before it and in all, its run's start and end: the whole plan.
@@ -96,7 +98,6 @@ from embwgrad_core import (
     FOLD_PROGRAMS_PER_SM,
     FOLD_ROLE_MAX_TOKENS,
     MASKED_LOOKUP_ID,
-    MERGE_SORT_MAX_TOKENS,
     NROWS,
     PARTIAL_PROGRAMS_PER_SM,
     SORT,
@@ -105,6 +106,7 @@ from embwgrad_core import (
     ZERO_SKIP_WIDE,
     key_packing,
     merge_block,
+    merge_sorted,
     merge_tiles,
     partial_buffer_rows,
     partial_row,
@@ -418,55 +420,65 @@ def _merge_rank_kernel(
     """
     m = counts_in_ref[_M] if compact else n  # (the same buffer as counts_ref: the block sort wrote it)
     u0 = (pl.program_id(0) if pid is None else pid) * block_u
-    u = u0 + lax.iota(jnp.int32, block_u)
-    live = u < m
-    key = plgpu.load(block_keys_ref.at[pl.ds(u0, block_u)], mask=live, other=0)
-    pos = plgpu.load(block_pos_ref.at[pl.ds(u0, block_u)], mask=live, other=0)
-    own = u // block
-    c = lax.iota(jnp.int32, num_blocks)
-    # [num_blocks, block_u] lanes, tokens along the last axis: XLA's Triton then gives a
-    # warp's lanes consecutive tokens probing one block (the same or nearby keys, few L1
-    # wavefronts per gather). As [block_u, num_blocks] a warp's lanes probed 32 blocks at
-    # once and every key broadcast went through shared memory: 19.3 us against 9.9 (H200,
-    # 8192 tokens, Nsight Compute; benchmarks/NOTES.md v6).
-    c0 = (c * block)[:, None]  # [num_blocks, 1]: block c's offset and length
-    c_len = jnp.minimum(jnp.maximum(m - c * block, 0), block)[:, None]
-    k = key[None, :]
 
-    # Searches of [lo, hi]. The torch twin keeps only lo (a probe at lo + s - 1 adds s or not): in
-    # JAX that form measured 1.3 us faster at 16384 tokens, 1.5-2.5 us slower at 32768 and within
-    # noise at 4096-8192 (H200, benchmarks/NOTES.md v30), so this one stays.
-    def halve(_, bounds):  # lo_lt -> keys < key in block c, lo_le -> keys <= key in block c
-        lo_lt, hi_lt, lo_le, hi_le = bounds
-        mid_lt = (lo_lt + hi_lt) // 2
-        mid_le = (lo_le + hi_le) // 2
-        below_lt = plgpu.load(block_keys_ref.at[c0 + mid_lt], mask=mid_lt < c_len, other=_INT32_MAX) < k
-        below_le = plgpu.load(block_keys_ref.at[c0 + mid_le], mask=mid_le < c_len, other=_INT32_MAX) <= k
-        lo_lt, hi_lt = jnp.where(below_lt, mid_lt + 1, lo_lt), jnp.where(below_lt, hi_lt, mid_lt)
-        lo_le, hi_le = jnp.where(below_le, mid_le + 1, lo_le), jnp.where(below_le, hi_le, mid_le)
-        return lo_lt, hi_lt, lo_le, hi_le
+    def ranks():
+        u = u0 + lax.iota(jnp.int32, block_u)
+        live = u < m
+        key = plgpu.load(block_keys_ref.at[pl.ds(u0, block_u)], mask=live, other=0)
+        pos = plgpu.load(block_pos_ref.at[pl.ds(u0, block_u)], mask=live, other=0)
+        own = u // block
+        c = lax.iota(jnp.int32, num_blocks)
+        # [num_blocks, block_u] lanes, tokens along the last axis: XLA's Triton then gives a
+        # warp's lanes consecutive tokens probing one block (the same or nearby keys, few L1
+        # wavefronts per gather). As [block_u, num_blocks] a warp's lanes probed 32 blocks at
+        # once and every key broadcast went through shared memory: 19.3 us against 9.9 (H200,
+        # 8192 tokens, Nsight Compute; benchmarks/NOTES.md v6).
+        c0 = (c * block)[:, None]  # [num_blocks, 1]: block c's offset and length
+        c_len = jnp.minimum(jnp.maximum(m - c * block, 0), block)[:, None]
+        k = key[None, :]
 
-    lo = jnp.zeros((num_blocks, block_u), jnp.int32)
-    bounds = (lo, lo + c_len, lo, lo + c_len)
-    if unroll:
-        for step in range(steps):
-            bounds = halve(step, bounds)
+        # Searches of [lo, hi]. The torch twin keeps only lo (a probe at lo + s - 1 adds s or not): in
+        # JAX that form measured 1.3 us faster at 16384 tokens, 1.5-2.5 us slower at 32768 and within
+        # noise at 4096-8192 (H200, benchmarks/NOTES.md v30), so this one stays.
+        def halve(_, bounds):  # lo_lt -> keys < key in block c, lo_le -> keys <= key in block c
+            lo_lt, hi_lt, lo_le, hi_le = bounds
+            mid_lt = (lo_lt + hi_lt) // 2
+            mid_le = (lo_le + hi_le) // 2
+            below_lt = plgpu.load(block_keys_ref.at[c0 + mid_lt], mask=mid_lt < c_len, other=_INT32_MAX) < k
+            below_le = plgpu.load(block_keys_ref.at[c0 + mid_le], mask=mid_le < c_len, other=_INT32_MAX) <= k
+            lo_lt, hi_lt = jnp.where(below_lt, mid_lt + 1, lo_lt), jnp.where(below_lt, hi_lt, mid_lt)
+            lo_le, hi_le = jnp.where(below_le, mid_le + 1, lo_le), jnp.where(below_le, hi_le, mid_le)
+            return lo_lt, hi_lt, lo_le, hi_le
+
+        lo = jnp.zeros((num_blocks, block_u), jnp.int32)
+        bounds = (lo, lo + c_len, lo, lo + c_len)
+        if unroll:
+            for step in range(steps):
+                bounds = halve(step, bounds)
+        else:
+            bounds = lax.fori_loop(0, steps, halve, bounds)
+        lo_lt, _, lo_le, _ = bounds
+        earlier_block = c[:, None] < own[None, :]
+        later_block = c[:, None] > own[None, :]
+        others = jnp.where(earlier_block, lo_le, jnp.where(later_block, lo_lt, 0))
+        slot = u - own * block + jnp.sum(others, axis=0, dtype=jnp.int32)
+        run_start = jnp.sum(lo_lt, axis=0, dtype=jnp.int32)
+        run_end = jnp.sum(lo_le, axis=0, dtype=jnp.int32)
+        slot = jnp.where(live, slot, u)  # lanes past n scatter past the end (see _rank_kernel)
+        plgpu.store(sorted_keys_ref.at[slot], key, mask=live)
+        plgpu.store(sorted_pos_ref.at[slot], pos, mask=live, eviction_policy=plan_policy)
+        plgpu.store(run_start_ref.at[slot], run_start, mask=live)
+        plgpu.store(run_end_ref.at[slot], run_end, mask=live)
+        _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, n=n,
+                        policy=plan_policy, defer=defer)
+
+    if compact:
+        # The masked route's grid is sized for n, its tokens are m: programs past them exit, as the torch twin's. Without
+        # this they searched the live blocks for dead lanes: 38.7 us of the JAX masked call's 99 at 32768 tokens, TP 8,
+        # against 14 us in the torch twin (H200, timeline_target.py --tp; benchmarks/NOTES.md v57).
+        pl.when(u0 < m)(ranks)
     else:
-        bounds = lax.fori_loop(0, steps, halve, bounds)
-    lo_lt, _, lo_le, _ = bounds
-    earlier_block = c[:, None] < own[None, :]
-    later_block = c[:, None] > own[None, :]
-    others = jnp.where(earlier_block, lo_le, jnp.where(later_block, lo_lt, 0))
-    slot = u - own * block + jnp.sum(others, axis=0, dtype=jnp.int32)
-    run_start = jnp.sum(lo_lt, axis=0, dtype=jnp.int32)
-    run_end = jnp.sum(lo_le, axis=0, dtype=jnp.int32)
-    slot = jnp.where(live, slot, u)  # lanes past n scatter past the end (see _rank_kernel)
-    plgpu.store(sorted_keys_ref.at[slot], key, mask=live)
-    plgpu.store(sorted_pos_ref.at[slot], pos, mask=live, eviction_policy=plan_policy)
-    plgpu.store(run_start_ref.at[slot], run_start, mask=live)
-    plgpu.store(run_end_ref.at[slot], run_end, mask=live)
-    _append_records(records_ref, counts_ref, long_runs_ref, arrivals_ref, slot, key, pos, run_start, run_end, live, n=n, policy=plan_policy,
-                    defer=defer)
+        ranks()
 
 
 def _rank_kernel(
@@ -1314,8 +1326,10 @@ def _merge_lanes(n: int, tile_lanes: int, interpret: bool) -> int:
     return FEW_MERGE_LANES if n <= FEW_MERGE_LANES_MAX_TOKENS else SMALL_MERGE_LANES
 
 
-def _config(problem: Problem, path: str, overrides: tuple = (), zero_rows: bool = False) -> _Config:
-    """The launch parameters (zero_rows: accumulate's); overrides ((field, value), ...) lets tests force a sort or small tiles.
+def _config(problem: Problem, path: str, overrides: tuple = (), zero_rows: bool = False, masked: bool = False) -> _Config:
+    """The launch parameters (zero_rows: accumulate's; masked: whether accumulate's masked is given, whose route keeps
+    the merge sort to more tokens, embwgrad_core.merge_sorted); overrides ((field, value), ...) lets tests force a sort
+    or small tiles.
 
     interpret and merge_block are read from overrides first: the tiles and merge_blocks and
     merge_u follow from them, unless overridden too.
@@ -1328,7 +1342,7 @@ def _config(problem: Problem, path: str, overrides: tuple = (), zero_rows: bool 
     interpret = forced.get("interpret", jax.default_backend() == "cpu")
     if feature:
         sort = RANK  # the feature path needs the chunk ordinals that only _rank_kernel gives
-    elif n <= MERGE_SORT_MAX_TOKENS:  # 8192 until session 6 (benchmarks/NOTES.md v6 item 4)
+    elif merge_sorted(n, masked):  # MERGE_SORT_MAX_TOKENS: 8192 until session 6 (benchmarks/NOTES.md v6 item 4)
         sort = MERGE
     elif key_packing(n, problem.num_embeddings).dtype == "uint32":
         sort = PACKED
@@ -1890,7 +1904,7 @@ def _stages(ids, grad, main_grad, padding_idx, zero_rows, path, overrides, vary,
     """main_grad with the rows of ids [n] added from grad [n, H] (but masked's, int8 [n] or None): every stage, on this
     main_grad (all of it, or a device's shard)."""
     problem = _check(ids, grad, main_grad, padding_idx)
-    cfg = _config(problem, torch_path(problem.num_tokens) if path is None else path, overrides, zero_rows=zero_rows)
+    cfg = _config(problem, torch_path(problem.num_tokens) if path is None else path, overrides, zero_rows=zero_rows, masked=masked is not None)
     return _run_stages(ids, grad, main_grad, problem, dataclasses.replace(cfg, vary=vary), masked).main_grad
 
 
@@ -2041,7 +2055,7 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
             with the shard-local ids). The bits are the dense path's on grad with those rows
             zeroed, so, where they are +0 or -0 already, the dense path's on grad itself; the
             torch frontend's bits with the same masked. Implies zero_rows=True. On the merge sort
-            (4097 to MERGE_SORT_MAX_TOKENS tokens) every token of id MASKED_LOOKUP_ID (0) leaves
+            (4097 to MASKED_MERGE_SORT_MAX_TOKENS tokens with masked) every token of id MASKED_LOOKUP_ID (0) leaves
             the sort and row 0 is summed apart from its unmasked tokens (_compact, _row0_kernel;
             embwgrad_core.make_masked_plan; benchmarks/NOTES.md v55).
 
@@ -2049,7 +2063,8 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
         The new main_grad [V, H]. Only the rows of ids are read and written: rows of ids that
         do not occur, of padding_idx, and of ids outside [0, V) (skipped, not checked) keep
         their bits. On GPU, four Pallas Triton launches (three and a lax.sort above
-        MERGE_SORT_MAX_TOKENS tokens); on CPU the same kernels in interpret mode.
+        MERGE_SORT_MAX_TOKENS tokens; seven with masked on the merge sort: the compaction's
+        two first, row 0's last); on CPU the same kernels in interpret mode.
 
     Under jax.jit with sharded arrays, every token of the call is added, as on one device, and
     each device adds only into its own shard of main_grad (split by rows, columns or both, over

@@ -55,10 +55,13 @@ def variants():
             yield f"block_sort {block} ids={ids}", ew._block_sort_kernel, {"ids_ptr": ids}, consts
         # accumulate's masked on the merge sort: the masked route's compaction, its block sort (on the compacted keys) and row 0.
         yield f"compact_counts ids={ids}", ew._compact_counts_kernel, {"ids_ptr": ids, "masked_ptr": "*u8"}, {"BLOCK": ew.COMPACT_BLOCK, "PDL": True}
-        yield f"compact ids={ids}", ew._compact_kernel, {"ids_ptr": ids, "masked_ptr": "*u8"}, {"BLOCK": ew.COMPACT_BLOCK, "BLOCKS_P2": 64, "PDL": True}
-    tiles = merge_tiles(512)
-    yield "block_sort compact", ew._block_sort_kernel, {}, {"BLOCK": 512, "BLOCK_I": tiles.block_i, "TILE": tiles.tile, "COUNT": False, "COMPACT": True,
-                                                             "PDL": True}
+        for blocks_p2 in (64, 128):  # up to MERGE_SORT_MAX_TOKENS, and up to MASKED_MERGE_SORT_MAX_TOKENS
+            yield (f"compact ids={ids} blocks {blocks_p2}", ew._compact_kernel, {"ids_ptr": ids, "masked_ptr": "*u8"},
+                   {"BLOCK": ew.COMPACT_BLOCK, "BLOCKS_P2": blocks_p2, "PDL": True})
+    for block in (512, 1024):  # merge_block(MERGE_SORT_MAX_TOKENS), merge_block(MASKED_MERGE_SORT_MAX_TOKENS)
+        tiles = merge_tiles(block)
+        yield f"block_sort compact {block}", ew._block_sort_kernel, {}, {"BLOCK": block, "BLOCK_I": tiles.block_i, "TILE": tiles.tile, "COUNT": False,
+                                                                         "COMPACT": True, "PDL": True}
     for grad, main in ((1, 0), (0, 0), (2, 1)):
         types = {"grad_ptr": "*" + DTYPES[grad], "main_grad_ptr": "*" + DTYPES[main]}
         types.update({k: "i64" for k in ("grad_stride0", "grad_stride1", "grad_stride_h", "main_grad_stride")})

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from embwgrad_core import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, NROWS, SORT, make_plan, reference
+from embwgrad_core import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, MASKED_MERGE_SORT_MAX_TOKENS, NROWS, SORT, make_plan, reference
 from embwgrad_core.dtypes import bits, numpy_dtype, round_to
 
 
@@ -285,10 +285,17 @@ def gpu_cases() -> list[Case]:
     # FOLDERS_MAX_TOKENS, 16384: there the 32768-token Zipf case takes its long-run kernel).
     # Rank 1's own row 0 (id V / 8) does not occur in these ids: one masked token in 997 keeps a
     # nonzero row, so that row 0's folds meet blocks of both kinds too.
-    for n in (8192, 16384):
+    # Both sides of MASKED_MERGE_SORT_MAX_TOKENS with masked: the masked route's merge sort of the kept
+    # tokens, then the library sort of all n with the deferred records (fewer columns, for time).
+    for n, hidden in ((8192, 1024), (16384, 1024), (MASKED_MERGE_SORT_MAX_TOKENS, 256), (MASKED_MERGE_SORT_MAX_TOKENS + 1, 256)):
         local, zeros, shard = tp_ids(n, 8)
         zeros = zeros[np.arange(zeros.size) % 997 != 500]
-        cases.append(Case(f"megatron-tp8-{n}", local, 1024, shard, seed=n, zero_positions=zeros))
+        cases.append(Case(f"megatron-tp8-{n}", local, hidden, shard, seed=n, zero_positions=zeros))
+    # masked given with no token masked at the masked route's largest n: its merge sort of all n tokens
+    # (64 full blocks), row 0's tokens all unmasked (the row-0 kernel's partials).
+    ids = zipf_ids(MASKED_MERGE_SORT_MAX_TOKENS, 20000, seed=16)
+    ids[::97] = 0
+    cases.append(Case(f"masked-none-{MASKED_MERGE_SORT_MAX_TOKENS}", ids, 256, 20000, seed=16, zero_positions=np.zeros(0, np.int64)))
     # zero_rows with a run of zero rows too short for flags (600 padding tokens: 60 partials, below
     # ZERO_SKIP_MIN_PARTIALS): each of its zero partials must be stored, since its folds read them
     # all (NOTES v49: they were not, and the folds read stale scratch).

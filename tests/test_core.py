@@ -28,6 +28,9 @@ from embwgrad_core import (
     masked_split,
     merge_block,
     merge_ranks,
+    merge_sorted,
+    MASKED_MERGE_SORT_MAX_TOKENS,
+    MERGE_SORT_MAX_TOKENS,
     pack_keys,
     partial_buffer_rows,
     partial_row,
@@ -53,6 +56,16 @@ def test_core_imports_no_framework():
 def test_torch_path_threshold():
     assert torch_path(1) == torch_path(FEATURE_PATH_MAX_TOKENS) == FEATURE
     assert torch_path(FEATURE_PATH_MAX_TOKENS + 1) == torch_path(2**20) == SORT
+
+
+def test_merge_sort_reach():
+    """The merge sort up to MERGE_SORT_MAX_TOKENS, and with masked (whose route sorts only the tokens it
+    keeps) up to MASKED_MERGE_SORT_MAX_TOKENS; the framework's radix sort above."""
+    assert MERGE_SORT_MAX_TOKENS < MASKED_MERGE_SORT_MAX_TOKENS
+    assert merge_sorted(MERGE_SORT_MAX_TOKENS) and not merge_sorted(MERGE_SORT_MAX_TOKENS + 1)
+    assert merge_sorted(MERGE_SORT_MAX_TOKENS + 1, masked=True) and merge_sorted(MASKED_MERGE_SORT_MAX_TOKENS, masked=True)
+    assert not merge_sorted(MASKED_MERGE_SORT_MAX_TOKENS + 1, masked=True)
+    assert merge_block(MASKED_MERGE_SORT_MAX_TOKENS) * MERGE_MAX_BLOCKS >= MASKED_MERGE_SORT_MAX_TOKENS
 
 
 def test_round_to_is_rne_and_keeps_subnormals():

@@ -27,7 +27,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import jax_frontend
-from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, masked_split, merge_block, merge_tiles, reference
+from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MASKED_MERGE_SORT_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, masked_split, merge_block, merge_tiles, reference
 from embwgrad_core.dtypes import numpy_dtype
 from jax_frontend import embedding_wgrad as ew
 from tests.cases import MASKED_ROUTE_EDGES, Case, assert_bits_equal, assert_masked_flags, assert_partials_equal, cpu_cases, gpu_cases, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids, zipf_ids
@@ -660,16 +660,19 @@ def _masked_cuda_module(n: int) -> tuple[str, list[str], list[str]]:
     return text, calls, [re.search(r'name = "(\w+)"', line).group(1) for line in calls]
 
 
-def test_cuda_lowering_of_the_masked_route():
-    """Lowered for CUDA with masked on the merge sort: the compaction's two kernels before the plan, row 0's
-    kernel last, with main_grad aliased through all (no deferred records)."""
-    text, calls, names = _masked_cuda_module(8192)
-    assert names == ["embwgrad_compact_counts", "embwgrad_compact"] + MERGE_KERNELS + ["embwgrad_partials", "embwgrad_row0"]
+@pytest.mark.parametrize("n", [8192, MERGE_SORT_MAX_TOKENS + 1, MASKED_MERGE_SORT_MAX_TOKENS])
+def test_cuda_lowering_of_the_masked_route(n):
+    """Lowered for CUDA with masked on the merge sort (to MASKED_MERGE_SORT_MAX_TOKENS): the compaction's two
+    kernels before the plan, row 0's kernel last, with main_grad aliased through all (no deferred records)."""
+    text, calls, names = _masked_cuda_module(n)
+    long_runs = n > FOLD_ROLE_MAX_TOKENS
+    assert names == ["embwgrad_compact_counts", "embwgrad_compact"] + MERGE_KERNELS + ["embwgrad_partials"] + ["embwgrad_long_runs"] * long_runs + ["embwgrad_row0"]
+    assert "stablehlo.sort" not in text
     assert "output_operand_aliases" in calls[-1]
     assert re.search(r"%arg2: tensor<129280x7168xf32> \{[^}]*tf\.aliasing_output = 0", text)
 
 
-@pytest.mark.parametrize("n, plan_kernels", [(MERGE_SORT_MAX_TOKENS + 1, ["embwgrad_runs"])])
+@pytest.mark.parametrize("n, plan_kernels", [(MASKED_MERGE_SORT_MAX_TOKENS + 1, ["embwgrad_runs"])])
 def test_cuda_lowering_with_masked_defers_records(n, plan_kernels):
     """Lowered for CUDA with masked above the merge sort: the deferred records' kernel between the plan and
     the partials, whose flags output it fills in (aliased); main_grad aliased as without masked."""

@@ -331,6 +331,16 @@ def test_masked_route_edges(name):
     assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad, path=SORT, masked=masked, padding_idx=padding_idx))
 
 
+@pytest.mark.parametrize("n, masked, sort", [(32768, False, "merge"), (32769, False, "torch"), (32769, True, "merge"), (65536, True, "merge"),
+                                             (65537, True, "torch")])
+def test_masked_keeps_the_merge_sort_to_more_tokens(n, masked, sort):
+    """accumulate's masked takes the masked route, on the merge sort, up to MASKED_MERGE_SORT_MAX_TOKENS
+    (embwgrad_core.merge_sorted); without masked torch.sort from MERGE_SORT_MAX_TOKENS + 1."""
+    problem = ew._check(torch.zeros(n, dtype=torch.int32), torch.zeros(n, 8), torch.zeros(10, 8), None)
+    assert ew._config(problem, SORT, True, zero_rows=True, masked=masked).sort == sort
+    assert ew._compact_route(ew._config(problem, SORT, True, zero_rows=True, masked=masked), torch.zeros(n, dtype=torch.uint8)) == (sort == "merge")
+
+
 @cpu_only
 def test_masked_gives_megatrons_bits():
     """Public accumulate on Megatron's input (masked_arrays: zero rows at row 0, +0 and -0): masked

@@ -7,7 +7,9 @@ synchronisation:
    ``_block_sort_kernel`` sorts blocks of merge_block(n) tokens by counting, then
    ``_merge_rank_kernel`` ranks every token in each other block by binary search and writes
    the sorted keys, positions, run starts and run ends (embwgrad_core.merge_ranks is the model): 13 us
-   for 8192 tokens on the H200, against 71 us for torch.sort's route. Above it, torch.sort.
+   for 8192 tokens on the H200, against 71 us for torch.sort's route. Above it, torch.sort; with
+   accumulate's masked up to MASKED_MERGE_SORT_MAX_TOKENS the merge sort still, of the tokens
+   the masked route keeps (embwgrad_core.merge_sorted; _compact_stage).
    Feature path (n <= 3072): ``_rank_kernel`` ranks each token by counting the tokens that
    sort before it, which also gives every token its chunk's ordinal within its run and, from
    the tokens of its key before it and in all, its run's start and end: the whole plan.
@@ -78,7 +80,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime import driver
 from triton.runtime.interpreter import InterpretedFunction
 
-from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, merge_block, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
+from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, merge_block, merge_sorted, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
 from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args, check_masked
@@ -1598,8 +1600,10 @@ def _device_traits(device_index: int) -> tuple[int, bool]:
 
 
 @lru_cache(maxsize=256)
-def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: bool = False, zero_rows: bool = False) -> _Config:
-    """The launch parameters for a GPU of sms SMs (zero_rows: accumulate's); the measured choices are in benchmarks/NOTES.md."""
+def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: bool = False, zero_rows: bool = False,
+            masked: bool = False) -> _Config:
+    """The launch parameters for a GPU of sms SMs (zero_rows: accumulate's; masked: whether accumulate's masked is given,
+    whose route keeps the merge sort to more tokens, embwgrad_core.merge_sorted); the measured choices are in benchmarks/NOTES.md."""
     n, hidden = problem.num_tokens, problem.hidden
     feature = path == FEATURE
     block_h = min(1024, triton.next_power_of_2(hidden))
@@ -1613,7 +1617,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
     first_tokens = min(n, FIRST_TOKENS) // mblock * mblock  # whole merge blocks
     return _Config(
         path=path,
-        sort="rank" if feature else "merge" if n <= MERGE_SORT_MAX_TOKENS else "torch",
+        sort="rank" if feature else "merge" if merge_sorted(n, masked) else "torch",
         merge_block=mblock,
         merge_block_i=mblock if interpret else tiles.block_i,
         merge_tile=mblock if interpret else tiles.tile,
@@ -2071,7 +2075,8 @@ def _launch(ids, grad, main_grad, problem: Problem, path: str, zero_rows: bool =
     if replay is not None:
         replay(ids, grad, main_grad, masked)
         return
-    cfg = _config(problem, path, interpret, *((4, False) if interpret else _device_traits(main_grad.device.index)), zero_rows=zero_rows)
+    cfg = _config(problem, path, interpret, *((4, False) if interpret else _device_traits(main_grad.device.index)), zero_rows=zero_rows,
+                  masked=masked is not None)
     copy_grad = _position_strides(grad) is None
     if copy_grad:  # more than two strided position dimensions: one copy (here, so that a replay knows)
         grad = grad.contiguous()
@@ -2171,10 +2176,10 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
             zeroed, so, where they are +0 or -0 already, the dense path's on grad itself. Implies
             zero_rows=True. At 8192 tokens on a rank of TP = 8 (7/8 of the tokens masked) 24%
             faster than zero_rows alone on the H200, 0.066 -> 0.050 ms (benchmarks/NOTES.md v49).
-            On the merge sort (4097 to MERGE_SORT_MAX_TOKENS tokens) every token of id
+            On the merge sort (4097 to MASKED_MERGE_SORT_MAX_TOKENS tokens with masked) every token of id
             MASKED_LOOKUP_ID (0, Megatron's masked_input for other shards' tokens) leaves the sort,
             and row 0 is summed apart from its unmasked tokens (_compact_stage, _row0_kernel;
-            embwgrad_core.make_masked_plan): 4-27% faster again at 4096-32768 tokens, TP = 8 (NOTES v55).
+            embwgrad_core.make_masked_plan): 4-27% faster again at 4096-32768 tokens, TP = 8 (NOTES v55-v56).
 
     Only the rows of ids are read and written: rows of ids that do not occur, of
     padding_idx, and of ids outside [0, V) (which are skipped, not checked: a check would
