@@ -69,6 +69,11 @@ VARIANTS = {
     # v20: with 12 programs per SM (PARTIAL_MAXNREG) the 4 folders per SM hold a third of the slots.
     "fold role 3": dict(fold_programs=3 * SMS),
     "fold role 5": dict(fold_programs=5 * SMS),
+    # v57 (not yet measured): the masked route's launch settings follow n, its work the m kept tokens
+    # (about n / 8 at TP 8): the settings _config gives about 4096-8192 tokens, alone and together.
+    "pp 96": dict(partial_programs=96 * SMS),
+    "long 64": dict(long_programs=64),
+    "as kept": dict(fold_programs=4 * SMS, partial_programs=96 * SMS, long_programs=64),
     # v9 (not yet measured): the merge kernel's searches spread over more programs. At 4096
     # tokens its 1024 lanes per program make 64 programs (about half the SMs), each thread
     # issuing 16 scattered loads per search step; 256 or 512 lanes make 4x or 2x the programs.
