@@ -103,8 +103,18 @@ def variants():
             {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT, "FOLD_H": 256, "FOLD_BATCH": 16,
              "PREFETCH_L2": not feature, "LONE": not feature, "SCRATCH_POLICY": "" if feature else "evict_last", "FOLD_STAGES": 0, **skip,
              "PLAN_POLICY": "" if feature or not ew.PLAN_EVICT_LAST else "evict_last", "PREFETCH_EVICT_LAST": 0 if feature else ew.PREFETCH_EVICT_LAST,
-             "MASKED": masked},
+             "MASKED": masked, "PREFETCH_KEPT": False},
         )
+        if masked and not feature:  # the masked route: no lone tokens, its first kept tokens' rows prefetched from the compaction
+            yield (
+                f"partials {tag} route",
+                ew._partials_kernel,
+                {**types, "ids_ptr": "*i32"},
+                {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT,
+                 "FOLD_H": 256, "FOLD_BATCH": 16, "PREFETCH_L2": True, "LONE": False, "SCRATCH_POLICY": "evict_last", "FOLD_STAGES": 0, **skip,
+                 "PLAN_POLICY": "evict_last" if ew.PLAN_EVICT_LAST else "", "PREFETCH_EVICT_LAST": ew.PREFETCH_EVICT_LAST, "MASKED": True,
+                 "PREFETCH_KEPT": True},
+            )
         yield (
             f"long_runs {tag}",
             ew._long_runs_kernel,

@@ -1008,6 +1008,7 @@ def _partials_kernel(
     SKIP_BLOCK: tl.constexpr,  # flags a fold reads at once
     PLAN_POLICY: tl.constexpr,  # sort path: L2 eviction policy of the partials' positions' loads: "evict_last" or "" (none)
     PREFETCH_EVICT_LAST: tl.constexpr,  # PREFETCH_L2's lines with L2 priority evict_last: 1 grad's, 2 main_grad's, 3 both
+    PREFETCH_KEPT: tl.constexpr,  # PREFETCH_L2 on the masked route: ids_ptr is _compact_kernel's output (_prefetch_first_rows)
     MASKED: tl.constexpr,  # accumulate's masked: masked positions' rows are neither loaded nor prefetched
     SKIP_WIDE: tl.constexpr,  # blocks of flags a fold checks at once (ZERO_SKIP_WIDE)
 ):
@@ -1026,7 +1027,8 @@ def _partials_kernel(
     """
     if PREFETCH_L2:  # before the wait: the plan is still being made, DRAM is idle (NOTES v10)
         _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidden, prefetch_tokens, grad_dim1,
-                             grad_stride0, grad_stride1, main_grad_stride, masked_ptr, BLOCK_H, PREFETCH_EVICT_LAST, MASKED)
+                             grad_stride0, grad_stride1, main_grad_stride, masked_ptr, n, BLOCK_H, PREFETCH_EVICT_LAST, MASKED,
+                             PREFETCH_KEPT)
     if LONE:
         if tl.program_id(0) < lone_programs:  # with PDL while the merge still runs; no wait on the plan
             _lone_tokens(ws_ptr, n, ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_embeddings, padding_idx, hidden, lone_tokens,
@@ -1136,13 +1138,17 @@ def _load_record(ws_ptr, n, max_long_runs, w, end, num_hb, front, group_front, g
 
 @triton.jit
 def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidden, prefetch_tokens, grad_dim1, grad_stride0,
-                         grad_stride1, main_grad_stride, masked_ptr, BLOCK_H: tl.constexpr, EVICT_LAST: tl.constexpr,
-                         MASKED: tl.constexpr):
+                         grad_stride1, main_grad_stride, masked_ptr, n, BLOCK_H: tl.constexpr, EVICT_LAST: tl.constexpr,
+                         MASKED: tl.constexpr, KEPT: tl.constexpr):
     """Prefetch into L2 the (position, H block) pieces of grad and of main_grad at the position's id, for positions
     [0, prefetch_tokens), 32 pieces per program from program 0 on: a hint, no data comes back.
 
     The merge's group (_append_records) puts those positions' records first, so the first
-    programs after the wait take them, from L2.
+    programs after the wait take them, from L2. KEPT (the masked route): ids_ptr is _compact_kernel's
+    output and the pieces are those of its first kept tokens (key i at i, position at n + i, i below
+    its m), which the group holds there. These loads come before the wait, and with PDL the
+    compaction may not have ended (each kernel lets the next launch before its own wait), so every
+    index read here is clamped into range: a stale one costs a useless hint, never a wrong address.
     """
     num_hb = tl.cdiv(hidden, BLOCK_H)
     v = tl.program_id(0) * 32 + tl.arange(0, 32)
@@ -1151,7 +1157,11 @@ def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidde
         p = v // num_hb
         col = (v % num_hb) * BLOCK_H
         width = tl.minimum(hidden - col, BLOCK_H)
+        if KEPT:
+            take = take & (p < tl.load(ids_ptr + _COMPACT_ARRAYS * n))
         key = _load_keys(ids_ptr, p, take, num_embeddings, -1)  # every id in range; padding rows are prefetched too
+        if KEPT:
+            p = tl.minimum(tl.maximum(tl.load(ids_ptr + n + p, mask=take, other=0), 0), n - 1)
         keep = take & (key >= 0)
         gsize: tl.constexpr = grad_ptr.dtype.element_ty.primitive_bitwidth // 8
         msize: tl.constexpr = main_grad_ptr.dtype.element_ty.primitive_bitwidth // 8
@@ -1590,6 +1600,7 @@ class _Config:
     skip_wide: int  # blocks of their flags checked at once (ZERO_SKIP_WIDE)
     masked_reads: bool = True  # with masked, the partials kernel reads its mask bytes (probes: False reads masked rows too)
     compact: bool = True  # with masked on the merge sort, the masked route (_compact_stage; probes: False, the deferred records)
+    kept_prefetch: bool = True  # the masked route: the first kept tokens' rows prefetched (_prefetch_first_rows; probes: False, none)
 
 
 @lru_cache(maxsize=None)
@@ -1967,7 +1978,8 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
     if strides is None:  # more than two strided position dimensions: one copy
         grad = grad.contiguous()
         strides = _position_strides(grad)
-    ids = plan.ids if ids is None or plan.compact is not None else ids  # (the masked route: no first rows by position)
+    # (The masked route: no lone tokens; the first rows are its first kept tokens', read from the compaction.)
+    ids = plan.compact if plan.compact is not None and cfg.kept_prefetch else plan.ids if ids is None or plan.compact is not None else ids
     lone = plan.lone_tokens > 0
     prefetch = cfg.pdl and cfg.sort == "merge" and cfg.l2_prefetch_tokens > 0 and ids is not None and _prefetchable(grad, main_grad, strides)
     first_rows = (ids, problem.num_embeddings, cfg.l2_prefetch_tokens if prefetch else 0) if prefetch or lone else (plan.workspace, 0, 0)
@@ -2018,6 +2030,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         SKIP_WIDE=cfg.skip_wide,
         PLAN_POLICY="evict_last" if cfg.plan_evict_last and cfg.sort == "merge" else "",
         PREFETCH_EVICT_LAST=cfg.prefetch_evict_last if prefetch else 0,
+        PREFETCH_KEPT=prefetch and plan.compact is not None,
         MASKED=masked is not None and cfg.masked_reads,
     )
     if plan.compact is not None:  # (the masked route: row 0 after the partials kernel, which never touches it)
