@@ -75,6 +75,8 @@ VARIANTS = {
     "long 64": dict(long_programs=64),
     "as kept": dict(fold_programs=4 * SMS, partial_programs=96 * SMS, long_programs=64),
     "no kept prefetch": dict(kept_prefetch=False),  # v57: the masked route without its first kept tokens' rows prefetched
+    "no kept lone": dict(kept_lone=False),  # v57: the masked route without lone tokens (its first kept tokens of ids that occur once)
+    "no kept first": dict(kept_prefetch=False, kept_lone=False),  # v57: both off, as main before
     # v9 (not yet measured): the merge kernel's searches spread over more programs. At 4096
     # tokens its 1024 lanes per program make 64 programs (about half the SMs), each thread
     # issuing 16 scattered loads per search step; 256 or 512 lanes make 4x or 2x the programs.
