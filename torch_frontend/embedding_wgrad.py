@@ -1165,7 +1165,7 @@ def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidde
             take = take & (p < tl.load(ids_ptr + _COMPACT_ARRAYS * n))
         key = _load_keys(ids_ptr, p, take, num_embeddings, -1)  # every id in range; padding rows are prefetched too
         if KEPT:
-            p = tl.minimum(tl.maximum(tl.load(ids_ptr + n + p, mask=take, other=0), 0), n - 1)
+            p = tl.minimum(tl.maximum(tl.load(ids_ptr + n + p, mask=take, other=0).to(tl.int32), 0), n - 1)
         keep = take & (key >= 0)
         gsize: tl.constexpr = grad_ptr.dtype.element_ty.primitive_bitwidth // 8
         msize: tl.constexpr = main_grad_ptr.dtype.element_ty.primitive_bitwidth // 8
@@ -1199,7 +1199,7 @@ def _lone_tokens(ws_ptr, n, ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_em
         lone_tokens = tl.minimum(lone_tokens, tl.load(ids_ptr + _COMPACT_ARRAYS * n))
     for i in range(tl.program_id(0), lone_tokens, lone_programs):
         key = _load_keys(ids_ptr, i, True, num_embeddings, padding_idx)
-        p = tl.load(ids_ptr + n + i) if KEPT else i
+        p = tl.load(ids_ptr + n + i).to(tl.int32) if KEPT else i
         count = tl.load(counts_ptr + key, mask=key >= 0, other=0)
         grad_row = grad_ptr + _grad_row(p, grad_dim1, grad_stride0, grad_stride1)
         main_row = main_grad_ptr + key.to(tl.int64) * main_grad_stride
