@@ -123,6 +123,14 @@ ROWS_AHEAD_ELEMENTS = 256 * 7168
 #: masked tokens of this id out of the sort; a masked token of any other id stays in it.
 MASKED_LOOKUP_ID = 0
 
+#: The masked route's compaction, in both frontends: tokens per program of its two kernels (a
+#: count per block, then each token's slot). 256 and 512 measured alike, 6.8-9.3 us alone at
+#: 4096-65536 tokens (H200, benchmarks/NOTES.md v55 item 5). An implementation choice.
+COMPACT_BLOCK = 512
+
+#: Columns per program of the masked route's row-0 kernel, in both frontends: not tuned.
+ROW0_BLOCK_H = 256
+
 #: Path names, as :func:`embwgrad_core.plan.torch_path` returns them.
 FEATURE = "feature"
 SORT = "sort"

@@ -94,12 +94,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 from embwgrad_core import (
     BF16_SCRATCH_MIN_TOKENS,
     CHUNK,
+    COMPACT_BLOCK,
     FEATURE,
     FOLD_PROGRAMS_PER_SM,
     FOLD_ROLE_MAX_TOKENS,
     MASKED_LOOKUP_ID,
     NROWS,
     PARTIAL_PROGRAMS_PER_SM,
+    ROW0_BLOCK_H,
     SORT,
     ZERO_SKIP_BLOCK,
     ZERO_SKIP_MIN_PARTIALS,
@@ -206,10 +208,6 @@ PLAN_EVICT_LAST = True
 #: changes no bit).
 ROWS_AHEAD = 256
 ROWS_AHEAD_PIECES = 4
-
-#: The masked route's compaction, tokens per program, and its row-0 kernel's columns per program (the torch twin's).
-COMPACT_BLOCK = 512
-ROW0_BLOCK_H = 256
 
 #: The ways to sort (_Config.sort).
 MERGE, RANK, PACKED, PAIRS = "merge", "rank", "packed", "pairs"
@@ -2067,7 +2065,9 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
             torch frontend's bits with the same masked. Implies zero_rows=True. On the merge sort
             (4097 to MASKED_MERGE_SORT_MAX_TOKENS tokens with masked) every token of id MASKED_LOOKUP_ID (0) leaves
             the sort and row 0 is summed apart from its unmasked tokens (_compact, _row0_kernel;
-            embwgrad_core.make_masked_plan; benchmarks/NOTES.md v55).
+            embwgrad_core.make_masked_plan; benchmarks/NOTES.md v55-v57). With no token masked the
+            route still sorts all n: 6-8% slower than no mask at 65536 tokens (v57), so pass no
+            mask where nothing is sharded.
 
     Returns:
         The new main_grad [V, H]. Only the rows of ids are read and written: rows of ids that

@@ -80,7 +80,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime import driver
 from triton.runtime.interpreter import InterpretedFunction
 
-from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, merge_block, merge_sorted, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
+from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, COMPACT_BLOCK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ROW0_BLOCK_H, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, merge_block, merge_sorted, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
 from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args, check_masked
@@ -211,12 +211,6 @@ FOLD_TAIL = tl.constexpr(4)
 #: Slots per _masked_records_kernel program (accumulate's masked): each loads the positions and mask
 #: bytes of its partials' slots at once, [MASKED_RECORDS_BLOCK, 16] lanes.
 MASKED_RECORDS_BLOCK = 256
-
-#: Tokens per program of the masked route's compaction (_compact_counts_kernel, _compact_kernel;
-#: the probe of session 55, the same two kernels: 256 and 512 alike, 6.8-9.3 us alone at 4096-65536 tokens, NOTES v55 item 5).
-COMPACT_BLOCK = 512
-#: Columns per program of the masked route's row-0 kernel (_row0_kernel): not tuned.
-ROW0_BLOCK_H = 256
 
 #: Sort path: partials programs per SM, the last to start, that take one item each: 0.3-0.9 us
 #: off against none at 8192 uniform ids (12 to 36 measured alike; NOTES v10).
@@ -2204,7 +2198,9 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
             On the merge sort (4097 to MASKED_MERGE_SORT_MAX_TOKENS tokens with masked) every token of id
             MASKED_LOOKUP_ID (0, Megatron's masked_input for other shards' tokens) leaves the sort,
             and row 0 is summed apart from its unmasked tokens (_compact_stage, _row0_kernel;
-            embwgrad_core.make_masked_plan): 4-27% faster again at 4096-32768 tokens, TP = 8 (NOTES v55-v56).
+            embwgrad_core.make_masked_plan): 4-32% faster again at 4096-65536 tokens, TP = 8 (NOTES v55-v57).
+            With no token masked the route still sorts all n: 6-8% slower than no mask at 65536
+            tokens (NOTES v57), so pass no mask at TP = 1.
 
     Only the rows of ids are read and written: rows of ids that do not occur, of
     padding_idx, and of ids outside [0, V) (which are skipped, not checked: a check would
