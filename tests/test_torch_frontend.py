@@ -375,6 +375,20 @@ def test_masked_keeps_the_merge_sort_to_more_tokens(n, masked, sort):
     assert ew._compact_route(ew._config(problem, SORT, True, zero_rows=True, masked=masked), torch.zeros(n, dtype=torch.uint8)) == (sort == "merge")
 
 
+@pytest.mark.parametrize("n, masked, programs, lone", [(8192, True, 96, False), (16384, True, 96, False), (32768, True, 96, True),
+                                                      (65536, True, 96, True), (16384, False, 128, None), (32768, False, 128, None)])
+def test_masked_route_launch_settings(n, masked, programs, lone):
+    """On an H200's settings (132 SMs, PDL) the masked route runs at most MASKED_PARTIAL_PROGRAMS_PER_SM
+    partials programs per SM and its kept lone tokens only where no folders run (_Config.kept_lone);
+    a call without masked keeps PARTIAL_PROGRAMS_PER_SM (kept_lone: only the route reads it)."""
+    problem = ew._check(torch.zeros(n, dtype=torch.int32), torch.zeros(n, 8), torch.zeros(10, 8), None)
+    cfg = ew._config(problem, SORT, False, 132, True, zero_rows=True, masked=masked)
+    assert cfg.partial_programs == programs * 132
+    assert (cfg.fold_programs == 0) == (n > ew.FOLDERS_MAX_TOKENS)
+    assert lone is None or cfg.kept_lone == lone
+    assert ew._config(problem, SORT, True, 4, False, zero_rows=True, masked=masked).kept_lone  # the interpreter: lone beside folders
+
+
 @cpu_only
 def test_masked_gives_megatrons_bits():
     """Public accumulate on Megatron's input (masked_arrays: zero rows at row 0, +0 and -0): masked

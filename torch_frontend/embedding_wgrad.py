@@ -111,6 +111,14 @@ SMALL_MERGE_LANES_MAX_TOKENS = 4096
 #: 314.4, 16384 Zipf 179.5 / 178.2 / 179.5.
 SMALL_PARTIAL_PROGRAMS_PER_SM = ((4096, 64), (8192, 96))
 
+#: The masked route (accumulate's masked on the merge sort): at most this many partials programs
+#: per SM. Its launch settings follow n, its work the m kept tokens, about n / 8 on a rank of TP 8,
+#: which wants fewer programs than n does. H200, graph replay, Megatron's TP input masked (NOTES
+#: v58), 128 -> 96 per SM: TP8 16384 61.3 -> 56.3 us, 32768 61.9 -> 58.7, 65536 106.9 -> 103.4;
+#: TP2 32768 218.7 -> 217.6, 65536 387.7 -> 387.7. (64 per SM: TP8 54.3, 58.8, 102.2, but TP2
+#: 65536 395.3.)
+MASKED_PARTIAL_PROGRAMS_PER_SM = 96
+
 #: Merge sort: the records of the first positions (whole merge blocks) come first, and with PDL
 #: their rows are prefetched into L2 while the plan is made. 256 measured 1-2 us faster at 4096
 #: and 8192 uniform ids than none; 512 and more, less (NOTES v10). XLA launches the JAX twin's
@@ -1604,7 +1612,11 @@ class _Config:
     masked_reads: bool = True  # with masked, the partials kernel reads its mask bytes (probes: False reads masked rows too)
     compact: bool = True  # with masked on the merge sort, the masked route (_compact_stage; probes: False, the deferred records)
     kept_prefetch: bool = True  # the masked route: the first kept tokens' rows prefetched (_prefetch_first_rows; probes: False, none)
-    kept_lone: bool = True  # the masked route: the first kept tokens of ids that occur once added before the plan (_lone_tokens)
+    # The masked route: the first kept tokens of ids that occur once added before the plan (_lone_tokens). Not
+    # beside the partials kernel's folders: H200, graph replay, Megatron's TP8 input masked, 96 partials programs
+    # per SM (NOTES v58), with / without them: 16384 (folders) 56.3 / 52.9 us; 32768 (no folders) 58.7 / 61.9,
+    # but with folders 66.4. The interpreter keeps both, so that its tests cover lone tokens beside folders.
+    kept_lone: bool = True
 
 
 @lru_cache(maxsize=None)
@@ -1630,6 +1642,8 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
     mblocks = triton.next_power_of_2(triton.cdiv(n, mblock))
     tiles = merge_tiles(mblock)
     first_tokens = min(n, FIRST_TOKENS) // mblock * mblock  # whole merge blocks
+    masked_route = masked and not feature and merge_sorted(n, masked)  # (_compact_route: cfg.compact is True here)
+    fold_programs = FOLD_PROGRAMS_PER_SM * sms if not feature and n <= FOLDERS_MAX_TOKENS else 0
     return _Config(
         path=path,
         sort="rank" if feature else "merge" if merge_sorted(n, masked) else "torch",
@@ -1653,12 +1667,13 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         block_h=block_h,
         partial_warps=1,
         partial_maxnreg=None if feature else PARTIAL_MAXNREG,
-        partial_programs=next((per_sm for bound, per_sm in SMALL_PARTIAL_PROGRAMS_PER_SM if n <= bound), PARTIAL_PROGRAMS_PER_SM) * sms,
+        partial_programs=min(next((per_sm for bound, per_sm in SMALL_PARTIAL_PROGRAMS_PER_SM if n <= bound), PARTIAL_PROGRAMS_PER_SM),
+                             MASKED_PARTIAL_PROGRAMS_PER_SM if masked_route else PARTIAL_PROGRAMS_PER_SM) * sms,
         prefetch=True,
         record_hint=RECORD_HINT,
         l1_hint=RECORD_L1_HINT,
         tail_programs=0 if feature else TAIL_PROGRAMS_PER_SM * sms,
-        fold_programs=FOLD_PROGRAMS_PER_SM * sms if not feature and n <= FOLDERS_MAX_TOKENS else 0,
+        fold_programs=fold_programs,
         fold_h=256,
         fold_batch=16,
         pdl=pdl and not interpret,
@@ -1678,6 +1693,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         zero_skip=0 if feature or not zero_rows else 2 if interpret else ZERO_SKIP_MIN_PARTIALS,
         skip_block=4 if interpret else ZERO_SKIP_BLOCK,
         skip_wide=2 if interpret else ZERO_SKIP_WIDE,
+        kept_lone=interpret or fold_programs == 0,
     )
 
 
