@@ -2214,7 +2214,7 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
             On the merge sort (4097 to MASKED_MERGE_SORT_MAX_TOKENS tokens with masked) every token of id
             MASKED_LOOKUP_ID (0, Megatron's masked_input for other shards' tokens) leaves the sort,
             and row 0 is summed apart from its unmasked tokens (_compact_stage, _row0_kernel;
-            embwgrad_core.make_masked_plan): 4-32% faster again at 4096-65536 tokens, TP = 8 (NOTES v55-v57).
+            embwgrad_core.make_masked_plan): 4-35% faster again at 4096-65536 tokens, TP = 8 (NOTES v55-v58).
             With no token masked the route still sorts all n: 6-8% slower than no mask at 65536
             tokens (NOTES v57), so pass no mask at TP = 1.
 
