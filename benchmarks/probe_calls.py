@@ -74,6 +74,17 @@ VARIANTS = {
     "pp 96": dict(partial_programs=96 * SMS),
     "long 64": dict(long_programs=64),
     "as kept": dict(fold_programs=4 * SMS, partial_programs=96 * SMS, long_programs=64),
+    "no kept prefetch": dict(kept_prefetch=False),  # v57: the masked route without its first kept tokens' rows prefetched
+    "no kept lone": dict(kept_lone=False),  # v57: the masked route without lone tokens (its first kept tokens of ids that occur once)
+    "no kept first": dict(kept_prefetch=False, kept_lone=False),  # v57: both off, as main before
+    # v58: session 58 measured "pp 96" 3-5 us faster on the masked route at TP8 16384-65536 and kept
+    # lone tokens +4 us at 16384, -5 at 32768: their combinations, and fewer programs still.
+    "pp 64": dict(partial_programs=64 * SMS),
+    "pp 96 no lone": dict(partial_programs=96 * SMS, kept_lone=False),
+    "pp 96 fold": dict(partial_programs=96 * SMS, fold_programs=4 * SMS),
+    # v58, after MASKED_PARTIAL_PROGRAMS_PER_SM and kept lone tokens only without folders: the settings before.
+    "pp 128": dict(partial_programs=128 * SMS),
+    "kept lone": dict(kept_lone=True),
     # v9 (not yet measured): the merge kernel's searches spread over more programs. At 4096
     # tokens its 1024 lanes per program make 64 programs (about half the SMs), each thread
     # issuing 16 scattered loads per search step; 256 or 512 lanes make 4x or 2x the programs.

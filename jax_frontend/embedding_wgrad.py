@@ -1518,7 +1518,7 @@ def _plan_shapes(n: int, cfg: _Config):
 def _merge_rows_ahead_kernel(block_keys_ref, block_pos_ref, counts_in_ref, ids_ref, grad_ref, masked_ref, main_grad_in_ref,
                              sorted_keys_ref, sorted_pos_ref, run_start_ref, run_end_ref, counts_ref, records_ref, long_runs_ref,
                              arrivals_ref, main_grad_ref, sink_ref, *, merge_programs: int, tokens: int, per: int, hidden: int,
-                             block_h: int, num_embeddings: int, padding_idx: int, masked: bool, **merge):
+                             block_h: int, num_embeddings: int, padding_idx: int, masked: bool, kept: int = 0, **merge):
     """Merge sort with ROWS_AHEAD: _merge_rank_kernel's programs, then programs that read the (position, H block) pieces of
     grad and of main_grad at the position's id for positions [0, tokens), per pieces each, with L2 priority evict_last, while
     the merge runs (DRAM idles during the plan; XLA gives no PDL to let the partials kernel's programs prefetch them then, as
@@ -1526,6 +1526,10 @@ def _merge_rows_ahead_kernel(block_keys_ref, block_pos_ref, counts_in_ref, ids_r
 
     The values are kept alive by a store into sink_ref (never read) under a mask that depends on them (a load whose value
     is unused is dropped). With masked (int8 [n], else any array, unread), masked positions' grad rows are not read.
+
+    kept (the masked route): ids_ref is _compact's output, whose arrays are kept (their stride) apart, and the pieces read are
+    those of its first kept tokens (keys at i, positions at kept + i, i below its m): the tokens the plan has, where the
+    first positions are mostly masked tokens of row 0, which the partials never read (about 7/8 of them at TP 8).
     """
     del main_grad_in_ref
     q = pl.program_id(0)
@@ -1543,10 +1547,15 @@ def _merge_rows_ahead_kernel(block_keys_ref, block_pos_ref, counts_in_ref, ids_r
         for j in range(per):
             v = (q - merge_programs) * per + j
             take = v < tokens * num_hb
-            pos = jnp.minimum(v // num_hb, tokens - 1)
+            i = jnp.minimum(v // num_hb, tokens - 1)
+            if kept:
+                take = take & (i < ids_ref[_COMPACT_ARRAYS * kept])
+                pos = jnp.where(take, plgpu.load(ids_ref.at[kept + i]), 0)
+            else:
+                pos = i
             h0 = (v % num_hb) * block_h
             live_h = (h0 + cols < hidden) & take
-            key = _keys(plgpu.load(ids_ref.at[pos]), num_embeddings, padding_idx)
+            key = _keys(plgpu.load(ids_ref.at[i]), num_embeddings, padding_idx)
             keep = live_h & (key >= 0)
             read = live_h & (masked_ref[pos] == 0) if masked else live_h
             g = plgpu.load(grad_ref.at[pos, pl.ds(h0, block_h)], mask=read, other=0, eviction_policy="evict_last")
@@ -1598,8 +1607,9 @@ def _merge_sort(ids, grad, main_grad, masked, problem: Problem, cfg: _Config, de
             num_embeddings=problem.num_embeddings,
             padding_idx=problem.padding_idx,
             masked=masked is not None,
+            kept=0 if compact is None else _compact_stride(n),
             **merge,
-        )(block_keys, block_pos, counts, ids, grad, ids if masked is None else masked, main_grad)[:-1]
+        )(block_keys, block_pos, counts, ids if compact is None else compact, grad, ids if masked is None else masked, main_grad)[:-1]
     return (*_call(
         _merge_rank_kernel,
         cfg,

@@ -60,8 +60,9 @@ def variants():
                    {"BLOCK": ew.COMPACT_BLOCK, "BLOCKS_P2": blocks_p2, "PDL": True})
     for block in (512, 1024):  # merge_block(MERGE_SORT_MAX_TOKENS), merge_block(MASKED_MERGE_SORT_MAX_TOKENS)
         tiles = merge_tiles(block)
-        yield f"block_sort compact {block}", ew._block_sort_kernel, {}, {"BLOCK": block, "BLOCK_I": tiles.block_i, "TILE": tiles.tile, "COUNT": False,
-                                                                         "COMPACT": True, "PDL": True}
+        for count in (False, True):  # (with the lone tokens' counts zeroed: up to MERGE_SORT_MAX_TOKENS)
+            yield (f"block_sort compact {block}" + (" count" if count else ""), ew._block_sort_kernel, {},
+                   {"BLOCK": block, "BLOCK_I": tiles.block_i, "TILE": tiles.tile, "COUNT": count, "COMPACT": True, "PDL": True})
     for grad, main in ((1, 0), (0, 0), (2, 1)):
         types = {"grad_ptr": "*" + DTYPES[grad], "main_grad_ptr": "*" + DTYPES[main]}
         types.update({k: "i64" for k in ("grad_stride0", "grad_stride1", "grad_stride_h", "main_grad_stride")})
@@ -76,6 +77,7 @@ def variants():
     # and the masked route's merge of the compacted tokens.
     yield "merge_rank masked", ew._merge_rank_kernel, {}, {**consts, "DEFER": ew.ZERO_SKIP_MIN_PARTIALS}
     yield "merge_rank compact", ew._merge_rank_kernel, {}, {**consts, "COUNT": False, "COMPACT": True}
+    yield "merge_rank compact count", ew._merge_rank_kernel, {}, {**consts, "COUNT": True, "COMPACT": True}
     for defer in (0, ew.ZERO_SKIP_MIN_PARTIALS):
         yield f"runs defer={defer}", ew._runs_kernel, {}, {"BLOCK": 1024, "SPAN": NROWS, "PDL": True, "DEFER": defer}  # after torch.sort only
     yield "masked_records", ew._masked_records_kernel, {"masked_ptr": "*u8"}, {"BLOCK": ew.MASKED_RECORDS_BLOCK, "SPAN": NROWS, "SPAN_P2": 16, "DEFER": ew.ZERO_SKIP_MIN_PARTIALS,
@@ -103,8 +105,18 @@ def variants():
             {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT, "FOLD_H": 256, "FOLD_BATCH": 16,
              "PREFETCH_L2": not feature, "LONE": not feature, "SCRATCH_POLICY": "" if feature else "evict_last", "FOLD_STAGES": 0, **skip,
              "PLAN_POLICY": "" if feature or not ew.PLAN_EVICT_LAST else "evict_last", "PREFETCH_EVICT_LAST": 0 if feature else ew.PREFETCH_EVICT_LAST,
-             "MASKED": masked},
+             "MASKED": masked, "KEPT": False},
         )
+        if masked and not feature:  # the masked route: its first kept tokens (lone ones, rows prefetched) read from the compaction
+            yield (
+                f"partials {tag} route",
+                ew._partials_kernel,
+                {**types, "ids_ptr": "*i32"},
+                {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT,
+                 "FOLD_H": 256, "FOLD_BATCH": 16, "PREFETCH_L2": True, "LONE": True, "SCRATCH_POLICY": "evict_last", "FOLD_STAGES": 0, **skip,
+                 "PLAN_POLICY": "evict_last" if ew.PLAN_EVICT_LAST else "", "PREFETCH_EVICT_LAST": ew.PREFETCH_EVICT_LAST, "MASKED": True,
+                 "KEPT": True},
+            )
         yield (
             f"long_runs {tag}",
             ew._long_runs_kernel,

@@ -51,6 +51,7 @@ def defaults() -> dict:
         "PLAN_POLICY": "evict_last" if ew.PLAN_EVICT_LAST else "",  # merge sort (n <= MERGE_SORT_MAX_TOKENS)
         "PREFETCH_EVICT_LAST": ew.PREFETCH_EVICT_LAST,  # merge sort with PDL (PREFETCH_L2)
         "MASKED": False,  # masked=None (accumulate's default)
+        "KEPT": False,  # (the masked route's: ids_ptr the compaction)
     }
 
 

@@ -285,9 +285,10 @@ def gpu_cases() -> list[Case]:
     # FOLDERS_MAX_TOKENS, 16384: there the 32768-token Zipf case takes its long-run kernel).
     # Rank 1's own row 0 (id V / 8) does not occur in these ids: one masked token in 997 keeps a
     # nonzero row, so that row 0's folds meet blocks of both kinds too.
+    # 32768: torch's masked route with lone tokens and no folders (_Config.kept_lone).
     # Both sides of MASKED_MERGE_SORT_MAX_TOKENS with masked: the masked route's merge sort of the kept
     # tokens, then the library sort of all n with the deferred records (fewer columns, for time).
-    for n, hidden in ((8192, 1024), (16384, 1024), (MASKED_MERGE_SORT_MAX_TOKENS, 256), (MASKED_MERGE_SORT_MAX_TOKENS + 1, 256)):
+    for n, hidden in ((8192, 1024), (16384, 1024), (32768, 256), (MASKED_MERGE_SORT_MAX_TOKENS, 256), (MASKED_MERGE_SORT_MAX_TOKENS + 1, 256)):
         local, zeros, shard = tp_ids(n, 8)
         zeros = zeros[np.arange(zeros.size) % 997 != 500]
         cases.append(Case(f"megatron-tp8-{n}", local, hidden, shard, seed=n, zero_positions=zeros))

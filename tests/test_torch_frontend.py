@@ -331,6 +331,40 @@ def test_masked_route_edges(name):
     assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad, path=SORT, masked=masked, padding_idx=padding_idx))
 
 
+@cpu_only
+@pytest.mark.parametrize("lone", [100, 0], ids=["lone", "no lone"])
+def test_masked_route_lone_tokens(lone):
+    """The masked route's lone tokens: the first `lone` kept tokens (in position order) whose id occurs
+    once are added by the partials kernel's lone programs from the compaction (_lone_tokens) and get
+    no record (the merge takes the position of kept token `lone` as its bound); every other partial
+    keeps its record. 60% of the tokens masked at row 0, the others mostly of ids that occur once, and
+    a long run (id 7); masked rows NaN, fp32 rows of mixed magnitudes."""
+    rng = np.random.default_rng(5)
+    n, vocab = 600, 5000
+    masked = rng.random(n) < 0.6
+    ids = np.where(masked, 0, rng.integers(1, vocab, n))
+    ids[rng.choice(np.flatnonzero(~masked), 40, replace=False)] = 7
+    grad = (rng.standard_normal((n, 8)) * 2.0 ** rng.integers(-20, 20, (n, 8))).astype(np.float32)
+    grad[masked] = np.nan
+    main_grad = rng.standard_normal((vocab, 8)).astype(np.float32)
+    ids_t, grad_t, out = to_torch(ids), to_torch(grad), to_torch(main_grad)
+    problem = ew._check(ids_t, grad_t, out, None)
+    cfg = dataclasses.replace(ew._config(problem, SORT, True, zero_rows=True, masked=True), block_h=16, lone_tokens=lone)
+    flat = to_torch(masked).view(torch.uint8)
+    plan = ew._plan_stage(ids_t, problem, cfg, masked=flat)
+    assert plan.compact is not None and plan.lone_tokens == lone
+    kept_ids = ids[ids != 0]  # the kept tokens in position order (masked_split)
+    counts = np.bincount(kept_ids, minlength=vocab)
+    lone_added = int((counts[kept_ids[:lone]] == 1).sum())
+    assert lone_added >= (50 if lone else 0) and kept_ids.size > lone
+    front, back = plan.record_lists()
+    assert front.shape[0] + back.shape[0] == int(((counts + NROWS - 1) // NROWS).sum()) - lone_added
+    partials, flags = ew._partials_stage(plan, grad_t, out, problem, cfg, masked=flat)
+    if cfg.fold_programs == 0:
+        ew._long_runs_stage(plan, partials, flags, out, problem, cfg)
+    assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad, path=SORT, masked=masked))
+
+
 @pytest.mark.parametrize("n, masked, sort", [(32768, False, "merge"), (32769, False, "torch"), (32769, True, "merge"), (65536, True, "merge"),
                                              (65537, True, "torch")])
 def test_masked_keeps_the_merge_sort_to_more_tokens(n, masked, sort):
@@ -339,6 +373,20 @@ def test_masked_keeps_the_merge_sort_to_more_tokens(n, masked, sort):
     problem = ew._check(torch.zeros(n, dtype=torch.int32), torch.zeros(n, 8), torch.zeros(10, 8), None)
     assert ew._config(problem, SORT, True, zero_rows=True, masked=masked).sort == sort
     assert ew._compact_route(ew._config(problem, SORT, True, zero_rows=True, masked=masked), torch.zeros(n, dtype=torch.uint8)) == (sort == "merge")
+
+
+@pytest.mark.parametrize("n, masked, programs, lone", [(8192, True, 96, False), (16384, True, 96, False), (32768, True, 96, True),
+                                                      (65536, True, 96, True), (16384, False, 128, None), (32768, False, 128, None)])
+def test_masked_route_launch_settings(n, masked, programs, lone):
+    """On an H200's settings (132 SMs, PDL) the masked route runs at most MASKED_PARTIAL_PROGRAMS_PER_SM
+    partials programs per SM and its kept lone tokens only where no folders run (_Config.kept_lone);
+    a call without masked keeps PARTIAL_PROGRAMS_PER_SM (kept_lone: only the route reads it)."""
+    problem = ew._check(torch.zeros(n, dtype=torch.int32), torch.zeros(n, 8), torch.zeros(10, 8), None)
+    cfg = ew._config(problem, SORT, False, 132, True, zero_rows=True, masked=masked)
+    assert cfg.partial_programs == programs * 132
+    assert (cfg.fold_programs == 0) == (n > ew.FOLDERS_MAX_TOKENS)
+    assert lone is None or cfg.kept_lone == lone
+    assert ew._config(problem, SORT, True, 4, False, zero_rows=True, masked=masked).kept_lone  # the interpreter: lone beside folders
 
 
 @cpu_only

@@ -111,6 +111,14 @@ SMALL_MERGE_LANES_MAX_TOKENS = 4096
 #: 314.4, 16384 Zipf 179.5 / 178.2 / 179.5.
 SMALL_PARTIAL_PROGRAMS_PER_SM = ((4096, 64), (8192, 96))
 
+#: The masked route (accumulate's masked on the merge sort): at most this many partials programs
+#: per SM. Its launch settings follow n, its work the m kept tokens, about n / 8 on a rank of TP 8,
+#: which wants fewer programs than n does. H200, graph replay, Megatron's TP input masked (NOTES
+#: v58), 128 -> 96 per SM: TP8 16384 61.3 -> 56.3 us, 32768 61.9 -> 58.7, 65536 106.9 -> 103.4;
+#: TP2 32768 218.7 -> 217.6, 65536 387.7 -> 387.7. (64 per SM: TP8 54.3, 58.8, 102.2, but TP2
+#: 65536 395.3.)
+MASKED_PARTIAL_PROGRAMS_PER_SM = 96
+
 #: Merge sort: the records of the first positions (whole merge blocks) come first, and with PDL
 #: their rows are prefetched into L2 while the plan is made. 256 measured 1-2 us faster at 4096
 #: and 8192 uniform ids than none; 512 and more, less (NOTES v10). XLA launches the JAX twin's
@@ -549,25 +557,27 @@ def _block_sort_kernel(
 
 
 @triton.jit
-def _count_ids(ws_ptr, n, counts_ptr, c, counters, PDL: tl.constexpr, AGGREGATE: tl.constexpr):
-    """Counter c of `counters` (programs after the merge's): count each id's tokens of its part, then
+def _count_ids(ws_ptr, n, counts_ptr, c, counters, compact_ptr, PDL: tl.constexpr, AGGREGATE: tl.constexpr, COMPACT: tl.constexpr):
+    """Counter c of `counters` (programs after the merge's): count each id's tokens of its part (COMPACT: of the m
+    kept tokens, the block sort's slots past them unwritten), then
     count itself in the header's _LONE_COUNTED (release), which the partials kernel's lone programs
     wait for. Only then may that kernel launch (PDL), so they wait little, and the merge's own
     programs, which let it launch at once, are not held up. The block sort zeroed these counts
     (at the tokens' ids: no [V] memset) and the header."""
     if PDL:
         gdc_wait()
+    m = tl.load(compact_ptr + _COMPACT_ARRAYS * n) if COMPACT else n
     lane = tl.arange(0, _COUNT_BLOCK)
-    for t0 in range(c * _COUNT_BLOCK, n, counters * _COUNT_BLOCK):
+    for t0 in range(c * _COUNT_BLOCK, m, counters * _COUNT_BLOCK):
         t = t0 + lane
-        key = tl.load(ws_ptr + _AUX * n + t, mask=t < n, other=-1)  # block-sorted keys: -1 adds nothing
+        key = tl.load(ws_ptr + _AUX * n + t, mask=t < m, other=-1)  # block-sorted keys: -1 adds nothing
         if AGGREGATE:
             # Equal keys lie next to each other (within a merge block), and atomics on one address are
             # serialised (a token per atomic cost an id of many tokens 1-2 ns per token): a group of
             # equal keys at lanes [a, b] adds b + 1 by its last token and -a by its first (the sum is
             # its size once both are in; only then is it read), a group of one adds 1.
-            before = tl.load(ws_ptr + _AUX * n + t - 1, mask=(lane > 0) & (t < n), other=-2)
-            after = tl.load(ws_ptr + _AUX * n + t + 1, mask=(lane < _COUNT_BLOCK - 1) & (t + 1 < n), other=-2)
+            before = tl.load(ws_ptr + _AUX * n + t - 1, mask=(lane > 0) & (t < m), other=-2)
+            after = tl.load(ws_ptr + _AUX * n + t + 1, mask=(lane < _COUNT_BLOCK - 1) & (t + 1 < m), other=-2)
             first, last = before != key, after != key
             add = tl.where(first & last, 1, tl.where(last, lane + 1, -lane))
             tl.atomic_add(counts_ptr + key, add, mask=(key >= 0) & (first | last), sem="relaxed")
@@ -611,13 +621,15 @@ def _merge_rank_kernel(
     """
     if COUNT:
         if tl.program_id(0) >= merge_programs:
-            _count_ids(ws_ptr, n, counts_ptr, tl.program_id(0) - merge_programs, tl.num_programs(0) - merge_programs, PDL,
-                       COUNT_AGGREGATE)
+            _count_ids(ws_ptr, n, counts_ptr, tl.program_id(0) - merge_programs, tl.num_programs(0) - merge_programs, compact_ptr,
+                       PDL, COUNT_AGGREGATE, COMPACT)
             return
     _pdl_enter(PDL)
     m = tl.load(compact_ptr + _COMPACT_ARRAYS * n) if COMPACT else n
     if (tl.program_id(0) * BLOCK_U >= m) & (tl.program_id(0) >= group):  # (COMPACT: past the tokens; the group's all publish)
         return
+    if COMPACT:  # the lone tokens are the first lone_tokens kept ones: their positions ascend, so those below the next one's
+        lone_tokens = tl.where(lone_tokens < m, tl.load(compact_ptr + n + tl.minimum(lone_tokens, n - 1)), n)
     u = tl.program_id(0) * BLOCK_U + tl.arange(0, BLOCK_U)
     live = u < m
     key = tl.load(ws_ptr + _AUX * n + u, mask=live, other=0)
@@ -1002,6 +1014,7 @@ def _partials_kernel(
     SKIP_BLOCK: tl.constexpr,  # flags a fold reads at once
     PLAN_POLICY: tl.constexpr,  # sort path: L2 eviction policy of the partials' positions' loads: "evict_last" or "" (none)
     PREFETCH_EVICT_LAST: tl.constexpr,  # PREFETCH_L2's lines with L2 priority evict_last: 1 grad's, 2 main_grad's, 3 both
+    KEPT: tl.constexpr,  # the masked route, PREFETCH_L2 or LONE: ids_ptr is _compact_kernel's output, "positions" its kept tokens
     MASKED: tl.constexpr,  # accumulate's masked: masked positions' rows are neither loaded nor prefetched
     SKIP_WIDE: tl.constexpr,  # blocks of flags a fold checks at once (ZERO_SKIP_WIDE)
 ):
@@ -1020,12 +1033,13 @@ def _partials_kernel(
     """
     if PREFETCH_L2:  # before the wait: the plan is still being made, DRAM is idle (NOTES v10)
         _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidden, prefetch_tokens, grad_dim1,
-                             grad_stride0, grad_stride1, main_grad_stride, masked_ptr, BLOCK_H, PREFETCH_EVICT_LAST, MASKED)
+                             grad_stride0, grad_stride1, main_grad_stride, masked_ptr, n, BLOCK_H, PREFETCH_EVICT_LAST, MASKED,
+                             KEPT)
     if LONE:
         if tl.program_id(0) < lone_programs:  # with PDL while the merge still runs; no wait on the plan
             _lone_tokens(ws_ptr, n, ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_embeddings, padding_idx, hidden, lone_tokens,
                          lone_programs, count_programs, grad_dim1, grad_stride0, grad_stride1, grad_stride_h, main_grad_stride,
-                         masked_ptr, MAIN_ROUNDING, BLOCK_H, MASKED)
+                         masked_ptr, MAIN_ROUNDING, BLOCK_H, MASKED, KEPT)
             return
     if PDL:  # wait first, then let the long-run kernel launch: it reads the plan without waiting
         gdc_wait()
@@ -1130,13 +1144,17 @@ def _load_record(ws_ptr, n, max_long_runs, w, end, num_hb, front, group_front, g
 
 @triton.jit
 def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidden, prefetch_tokens, grad_dim1, grad_stride0,
-                         grad_stride1, main_grad_stride, masked_ptr, BLOCK_H: tl.constexpr, EVICT_LAST: tl.constexpr,
-                         MASKED: tl.constexpr):
+                         grad_stride1, main_grad_stride, masked_ptr, n, BLOCK_H: tl.constexpr, EVICT_LAST: tl.constexpr,
+                         MASKED: tl.constexpr, KEPT: tl.constexpr):
     """Prefetch into L2 the (position, H block) pieces of grad and of main_grad at the position's id, for positions
     [0, prefetch_tokens), 32 pieces per program from program 0 on: a hint, no data comes back.
 
     The merge's group (_append_records) puts those positions' records first, so the first
-    programs after the wait take them, from L2.
+    programs after the wait take them, from L2. KEPT (the masked route): ids_ptr is _compact_kernel's
+    output and the pieces are those of its first kept tokens (key i at i, position at n + i, i below
+    its m), which the group holds there. These loads come before the wait, and with PDL the
+    compaction may not have ended (each kernel lets the next launch before its own wait), so every
+    index read here is clamped into range: a stale one costs a useless hint, never a wrong address.
     """
     num_hb = tl.cdiv(hidden, BLOCK_H)
     v = tl.program_id(0) * 32 + tl.arange(0, 32)
@@ -1145,7 +1163,11 @@ def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidde
         p = v // num_hb
         col = (v % num_hb) * BLOCK_H
         width = tl.minimum(hidden - col, BLOCK_H)
+        if KEPT:
+            take = take & (p < tl.load(ids_ptr + _COMPACT_ARRAYS * n))
         key = _load_keys(ids_ptr, p, take, num_embeddings, -1)  # every id in range; padding rows are prefetched too
+        if KEPT:
+            p = tl.minimum(tl.maximum(tl.load(ids_ptr + n + p, mask=take, other=0).to(tl.int32), 0), n - 1)
         keep = take & (key >= 0)
         gsize: tl.constexpr = grad_ptr.dtype.element_ty.primitive_bitwidth // 8
         msize: tl.constexpr = main_grad_ptr.dtype.element_ty.primitive_bitwidth // 8
@@ -1161,8 +1183,10 @@ def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidde
 @triton.jit(noinline=True)
 def _lone_tokens(ws_ptr, n, ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_embeddings, padding_idx, hidden, lone_tokens,
                  lone_programs, count_programs, grad_dim1, grad_stride0, grad_stride1, grad_stride_h, main_grad_stride,
-                 masked_ptr, MAIN_ROUNDING: tl.constexpr, BLOCK_H: tl.constexpr, MASKED: tl.constexpr):
-    """Lone program pid adds the rows of positions pid, pid + lone_programs, ... below lone_tokens whose id occurs once.
+                 masked_ptr, MAIN_ROUNDING: tl.constexpr, BLOCK_H: tl.constexpr, MASKED: tl.constexpr, KEPT: tl.constexpr):
+    """Lone program pid adds the rows of positions pid, pid + lone_programs, ... below lone_tokens whose id occurs once
+    (KEPT, the masked route: of the kept tokens pid, pid + lone_programs, ... below lone_tokens and m, ids_ptr being
+    _compact_kernel's output: key i at i, position at n + i; the compaction ended before the counts, see below).
 
     A lone token's run is one partial of one row: main_grad[id] = round(main_grad[id] + (0 + row)),
     the bits of _partial's copy-add. It needs no plan, only the counts: this waits until every
@@ -1173,8 +1197,11 @@ def _lone_tokens(ws_ptr, n, ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_em
     writes these rows. (noinline: inlined, the partials kernel took 190 registers, not 135.)
     """
     _wait_for(ws_ptr + _LONG * n + _LONE_COUNTED, count_programs)
-    for p in range(tl.program_id(0), lone_tokens, lone_programs):
-        key = _load_keys(ids_ptr, p, True, num_embeddings, padding_idx)
+    if KEPT:
+        lone_tokens = tl.minimum(lone_tokens, tl.load(ids_ptr + _COMPACT_ARRAYS * n))
+    for i in range(tl.program_id(0), lone_tokens, lone_programs):
+        key = _load_keys(ids_ptr, i, True, num_embeddings, padding_idx)
+        p = tl.load(ids_ptr + n + i).to(tl.int32) if KEPT else i
         count = tl.load(counts_ptr + key, mask=key >= 0, other=0)
         grad_row = grad_ptr + _grad_row(p, grad_dim1, grad_stride0, grad_stride1)
         main_row = main_grad_ptr + key.to(tl.int64) * main_grad_stride
@@ -1584,6 +1611,12 @@ class _Config:
     skip_wide: int  # blocks of their flags checked at once (ZERO_SKIP_WIDE)
     masked_reads: bool = True  # with masked, the partials kernel reads its mask bytes (probes: False reads masked rows too)
     compact: bool = True  # with masked on the merge sort, the masked route (_compact_stage; probes: False, the deferred records)
+    kept_prefetch: bool = True  # the masked route: the first kept tokens' rows prefetched (_prefetch_first_rows; probes: False, none)
+    # The masked route: the first kept tokens of ids that occur once added before the plan (_lone_tokens). Not
+    # beside the partials kernel's folders: H200, graph replay, Megatron's TP8 input masked, 96 partials programs
+    # per SM (NOTES v58), with / without them: 16384 (folders) 56.3 / 52.9 us; 32768 (no folders) 58.7 / 61.9,
+    # but with folders 66.4. The interpreter keeps both, so that its tests cover lone tokens beside folders.
+    kept_lone: bool = True
 
 
 @lru_cache(maxsize=None)
@@ -1609,6 +1642,8 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
     mblocks = triton.next_power_of_2(triton.cdiv(n, mblock))
     tiles = merge_tiles(mblock)
     first_tokens = min(n, FIRST_TOKENS) // mblock * mblock  # whole merge blocks
+    masked_route = masked and not feature and merge_sorted(n, masked)  # (_compact_route: cfg.compact is True here)
+    fold_programs = FOLD_PROGRAMS_PER_SM * sms if not feature and n <= FOLDERS_MAX_TOKENS else 0
     return _Config(
         path=path,
         sort="rank" if feature else "merge" if merge_sorted(n, masked) else "torch",
@@ -1632,12 +1667,13 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         block_h=block_h,
         partial_warps=1,
         partial_maxnreg=None if feature else PARTIAL_MAXNREG,
-        partial_programs=next((per_sm for bound, per_sm in SMALL_PARTIAL_PROGRAMS_PER_SM if n <= bound), PARTIAL_PROGRAMS_PER_SM) * sms,
+        partial_programs=min(next((per_sm for bound, per_sm in SMALL_PARTIAL_PROGRAMS_PER_SM if n <= bound), PARTIAL_PROGRAMS_PER_SM),
+                             MASKED_PARTIAL_PROGRAMS_PER_SM if masked_route else PARTIAL_PROGRAMS_PER_SM) * sms,
         prefetch=True,
         record_hint=RECORD_HINT,
         l1_hint=RECORD_L1_HINT,
         tail_programs=0 if feature else TAIL_PROGRAMS_PER_SM * sms,
-        fold_programs=FOLD_PROGRAMS_PER_SM * sms if not feature and n <= FOLDERS_MAX_TOKENS else 0,
+        fold_programs=fold_programs,
         fold_h=256,
         fold_batch=16,
         pdl=pdl and not interpret,
@@ -1657,6 +1693,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         zero_skip=0 if feature or not zero_rows else 2 if interpret else ZERO_SKIP_MIN_PARTIALS,
         skip_block=4 if interpret else ZERO_SKIP_BLOCK,
         skip_wide=2 if interpret else ZERO_SKIP_WIDE,
+        kept_lone=interpret or fold_programs == 0,
     )
 
 
@@ -1876,7 +1913,7 @@ def _plan_stage(ids, problem: Problem, cfg: _Config, launch=None, masked=None) -
     ws = launch.empty(_group_records_start(n, cfg.max_long_runs) + 2 * group_cap * _REC_FIELDS.value, dtype=torch.int32, device=ids.device)
     keys_args = (ids if compact is None else compact, ws, n, problem.num_embeddings, problem.padding_idx)
     if cfg.sort == "merge":
-        lone = min(n, cfg.lone_tokens) if compact is None else 0
+        lone = min(n, cfg.lone_tokens) if compact is None or cfg.kept_lone else 0
         counts = launch.empty(problem.num_embeddings, dtype=torch.int32, device=ids.device) if lone else None  # zeroed where read
         plan = _Plan(ws, n, cfg.max_long_runs, group_cap, ids if lone else None, counts, lone, defer, compact)
         merge_programs = triton.cdiv(n, cfg.merge_u)
@@ -1961,9 +1998,12 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
     if strides is None:  # more than two strided position dimensions: one copy
         grad = grad.contiguous()
         strides = _position_strides(grad)
-    ids = plan.ids if ids is None or plan.compact is not None else ids  # (the masked route: no first rows by position)
+    # (The masked route: the first rows and the lone tokens are its first kept tokens, read from the compaction.)
+    kept = plan.compact is not None
+    ids = plan.compact if kept else plan.ids if ids is None else ids
     lone = plan.lone_tokens > 0
-    prefetch = cfg.pdl and cfg.sort == "merge" and cfg.l2_prefetch_tokens > 0 and ids is not None and _prefetchable(grad, main_grad, strides)
+    prefetch = (cfg.pdl and cfg.sort == "merge" and cfg.l2_prefetch_tokens > 0 and ids is not None and (cfg.kept_prefetch or not kept)
+                and _prefetchable(grad, main_grad, strides))
     first_rows = (ids, problem.num_embeddings, cfg.l2_prefetch_tokens if prefetch else 0) if prefetch or lone else (plan.workspace, 0, 0)
     if cfg.bf16_scratch and (cfg.path != FEATURE or problem.grad_dtype != "bfloat16"):
         raise ValueError(f"bf16_scratch needs the feature path and a bf16 grad, got {cfg.path} and {problem.grad_dtype}")
@@ -2012,6 +2052,7 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         SKIP_WIDE=cfg.skip_wide,
         PLAN_POLICY="evict_last" if cfg.plan_evict_last and cfg.sort == "merge" else "",
         PREFETCH_EVICT_LAST=cfg.prefetch_evict_last if prefetch else 0,
+        KEPT=kept and (prefetch or lone),
         MASKED=masked is not None and cfg.masked_reads,
     )
     if plan.compact is not None:  # (the masked route: row 0 after the partials kernel, which never touches it)
@@ -2173,7 +2214,7 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
             On the merge sort (4097 to MASKED_MERGE_SORT_MAX_TOKENS tokens with masked) every token of id
             MASKED_LOOKUP_ID (0, Megatron's masked_input for other shards' tokens) leaves the sort,
             and row 0 is summed apart from its unmasked tokens (_compact_stage, _row0_kernel;
-            embwgrad_core.make_masked_plan): 4-32% faster again at 4096-65536 tokens, TP = 8 (NOTES v55-v57).
+            embwgrad_core.make_masked_plan): 4-35% faster again at 4096-65536 tokens, TP = 8 (NOTES v55-v58).
             With no token masked the route still sorts all n: 6-8% slower than no mask at 65536
             tokens (NOTES v57), so pass no mask at TP = 1.
 
