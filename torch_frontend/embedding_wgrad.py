@@ -1642,11 +1642,14 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
     mblocks = triton.next_power_of_2(triton.cdiv(n, mblock))
     tiles = merge_tiles(mblock)
     first_tokens = min(n, FIRST_TOKENS) // mblock * mblock  # whole merge blocks
-    masked_route = masked and not feature and merge_sorted(n, masked)  # (_compact_route: cfg.compact is True here)
+    sort = "rank" if feature else "merge" if merge_sorted(n, masked) else "torch"
+    per_sm = next((programs for bound, programs in SMALL_PARTIAL_PROGRAMS_PER_SM if n <= bound), PARTIAL_PROGRAMS_PER_SM)
+    if masked and sort == "merge":  # the masked route (_compact_route: cfg.compact is True here)
+        per_sm = min(per_sm, MASKED_PARTIAL_PROGRAMS_PER_SM)
     fold_programs = FOLD_PROGRAMS_PER_SM * sms if not feature and n <= FOLDERS_MAX_TOKENS else 0
     return _Config(
         path=path,
-        sort="rank" if feature else "merge" if merge_sorted(n, masked) else "torch",
+        sort=sort,
         merge_block=mblock,
         merge_block_i=mblock if interpret else tiles.block_i,
         merge_tile=mblock if interpret else tiles.tile,
@@ -1667,8 +1670,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         block_h=block_h,
         partial_warps=1,
         partial_maxnreg=None if feature else PARTIAL_MAXNREG,
-        partial_programs=min(next((per_sm for bound, per_sm in SMALL_PARTIAL_PROGRAMS_PER_SM if n <= bound), PARTIAL_PROGRAMS_PER_SM),
-                             MASKED_PARTIAL_PROGRAMS_PER_SM if masked_route else PARTIAL_PROGRAMS_PER_SM) * sms,
+        partial_programs=per_sm * sms,
         prefetch=True,
         record_hint=RECORD_HINT,
         l1_hint=RECORD_L1_HINT,
