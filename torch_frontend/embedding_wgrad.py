@@ -306,6 +306,12 @@ def _round(x, ROUNDING: tl.constexpr):
 
 
 @triton.jit
+def _kept_count(compact_ptr, n):
+    """The masked route's m: the tokens _compact_kernel kept, the first word of its header after the arrays."""
+    return tl.load(compact_ptr + _COMPACT_ARRAYS * n)
+
+
+@triton.jit
 def _to_scratch(acc, gw, partials_ptr):
     """What a long run's partial stores: acc (fp32), or, in an int16 buffer (feature path, bf16 grad), gw's bf16 bits.
 
@@ -537,7 +543,7 @@ def _block_sort_kernel(
     _pdl_enter(PDL)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(ws_ptr + _LONG * n + tl.arange(0, _HEADER), tl.zeros([_HEADER], dtype=tl.int32))  # the counters
-    m = tl.load(compact_ptr + _COMPACT_ARRAYS * n) if COMPACT else n
+    m = _kept_count(compact_ptr, n) if COMPACT else n
     b0 = tl.program_id(0) * BLOCK
     if b0 < m:  # (COMPACT: blocks past the m tokens have nothing to sort)
         i = b0 + tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
@@ -566,7 +572,7 @@ def _count_ids(ws_ptr, n, counts_ptr, c, counters, compact_ptr, PDL: tl.constexp
     (at the tokens' ids: no [V] memset) and the header."""
     if PDL:
         gdc_wait()
-    m = tl.load(compact_ptr + _COMPACT_ARRAYS * n) if COMPACT else n
+    m = _kept_count(compact_ptr, n) if COMPACT else n
     lane = tl.arange(0, _COUNT_BLOCK)
     for t0 in range(c * _COUNT_BLOCK, m, counters * _COUNT_BLOCK):
         t = t0 + lane
@@ -625,7 +631,7 @@ def _merge_rank_kernel(
                        PDL, COUNT_AGGREGATE, COMPACT)
             return
     _pdl_enter(PDL)
-    m = tl.load(compact_ptr + _COMPACT_ARRAYS * n) if COMPACT else n
+    m = _kept_count(compact_ptr, n) if COMPACT else n
     if (tl.program_id(0) * BLOCK_U >= m) & (tl.program_id(0) >= group):  # (COMPACT: past the tokens; the group's all publish)
         return
     if COMPACT:  # the lone tokens are the first lone_tokens kept ones: their positions ascend, so those below the next one's
@@ -1164,7 +1170,7 @@ def _prefetch_first_rows(ids_ptr, grad_ptr, main_grad_ptr, num_embeddings, hidde
         col = (v % num_hb) * BLOCK_H
         width = tl.minimum(hidden - col, BLOCK_H)
         if KEPT:
-            take = take & (p < tl.load(ids_ptr + _COMPACT_ARRAYS * n))
+            take = take & (p < _kept_count(ids_ptr, n))
         key = _load_keys(ids_ptr, p, take, num_embeddings, -1)  # every id in range; padding rows are prefetched too
         if KEPT:
             p = tl.minimum(tl.maximum(tl.load(ids_ptr + n + p, mask=take, other=0).to(tl.int32), 0), n - 1)
@@ -1198,7 +1204,7 @@ def _lone_tokens(ws_ptr, n, ids_ptr, counts_ptr, grad_ptr, main_grad_ptr, num_em
     """
     _wait_for(ws_ptr + _LONG * n + _LONE_COUNTED, count_programs)
     if KEPT:
-        lone_tokens = tl.minimum(lone_tokens, tl.load(ids_ptr + _COMPACT_ARRAYS * n))
+        lone_tokens = tl.minimum(lone_tokens, _kept_count(ids_ptr, n))
     for i in range(tl.program_id(0), lone_tokens, lone_programs):
         key = _load_keys(ids_ptr, i, True, num_embeddings, padding_idx)
         p = tl.load(ids_ptr + n + i).to(tl.int32) if KEPT else i
