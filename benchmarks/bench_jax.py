@@ -42,6 +42,25 @@ def chain_ms(step, state, reps=300, repeats=7):
     return statistics.median(times), state
 
 
+def unrolled_ms(step, state, args=(), k=20, calls=300, repeats=7):
+    """A probe's time per call with the host's dispatch taken out: step(state, *args) (traceable:
+    call the frontend's traced form, e.g. ew._accumulate; args are passed in, not closed over,
+    so that XLA does not take grad for a constant) k times in one jit, unrolled, state donated, so
+    one dispatch issues k calls' kernels back to back; chain_ms over calls // k such jits, divided
+    by k. Not the benchmark's method (chains of single calls, as a training loop issues them): for
+    comparing kernels where a call's GPU time is near the host's 30-75 us of dispatch
+    (benchmarks/NOTES.md v59)."""
+
+    def body(s, *a):
+        for _ in range(k):
+            s = step(s, *a)
+        return s
+
+    many = jax.jit(body, donate_argnums=0)
+    ms, state = chain_ms(lambda s: many(s, *args), state, reps=max(1, calls // k), repeats=repeats)
+    return ms / k, state
+
+
 def exact_rows(ids_np, grad, before_rows, after_rows, vocab) -> bool:
     rows, values = reference.weight_grad_rows(ids_np, np.asarray(grad), vocab)
     expected = round_to(before_rows.astype(np.float32) + values.astype(np.float32), "float32")

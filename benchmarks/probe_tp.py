@@ -19,6 +19,7 @@ variant "skip off" is a call without it), against the dense path on the shard's 
     python benchmarks/probe_tp.py --stages --dropped          (the same for --bound's dropped tokens, ids -1)
     python benchmarks/probe_tp.py --gap                       (torch, masked against dropped, kernel by kernel)
     python benchmarks/probe_tp.py --jax --masked [variants]   (those variants with masked=input_mask)
+    python benchmarks/probe_tp.py --jax ... --unrolled        (JAX: 20 calls unrolled in one jit a dispatch, bench_jax.unrolled_ms)
     PROBE_POINTS=65536:uniform,65536:zipf python benchmarks/probe_tp.py --none-masked   (masked given, none set; both frontends)
 """
 
@@ -212,9 +213,9 @@ def _gap_kind(ids, grad, main_grad, mask):
     return row
 
 
-def run_jax(names, with_mask=False):
+def run_jax(names, with_mask=False, unrolled=False):
     import jax.numpy as jnp
-    from bench_jax import chain_ms
+    from bench_jax import chain_ms, unrolled_ms
     from probe_jax import VARIANTS
 
     from embwgrad_core import reference
@@ -238,7 +239,11 @@ def run_jax(names, with_mask=False):
             o = VARIANTS[name]
             got = np.asarray(call(ids, grad, jnp.asarray(mg0), masked, zero_rows=True, overrides=o))[touched]
             ok = np.array_equal(got.view(np.int32), want.view(np.int32))
-            ms, _ = chain_ms(lambda mg, o=o: call(ids, grad, mg, masked, zero_rows=True, overrides=o), jnp.asarray(mg0))
+            if unrolled:  # inside the probe's jit: the traced form, the same kernels
+                ms, _ = unrolled_ms(lambda mg, i, g, m, o=o: ew._accumulate(i, g, mg, m, zero_rows=True, overrides=o), jnp.asarray(mg0),
+                                    (ids, grad, masked))
+            else:
+                ms, _ = chain_ms(lambda mg, o=o: call(ids, grad, mg, masked, zero_rows=True, overrides=o), jnp.asarray(mg0))
             results[(n, f"TP{tp}", name)] = (ms * 1e3, ok)
             print(f"JAX n={n} TP={tp} {name}: {ms * 1e3:.1f} us {'exact' if ok else 'DIFFERENT'}", flush=True)
     print_variant_table("JAX variant (us)", [(n, f"TP{tp}") for n, tp in pts], names, results, "DIFFERENT")
@@ -366,7 +371,7 @@ if __name__ == "__main__":
     elif "--jax" in sys.argv and "--bound" in sys.argv:
         run_bound_jax()
     elif "--jax" in sys.argv:
-        run_jax(args[0].split(",") if args else ["default"], with_mask="--masked" in sys.argv)
+        run_jax(args[0].split(",") if args else ["default"], with_mask="--masked" in sys.argv, unrolled="--unrolled" in sys.argv)
     elif "--bound" in sys.argv:
         run_bound()
     elif "--gap" in sys.argv:
