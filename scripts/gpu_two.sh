@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The tests that need two devices (JAX under jit with sharded arrays), then benchmarks/sharded_jax.py,
+# on a machine of two or more GPUs: the device tool's nvidia-h200-x2,
+#   run(kind="nvidia-h200-x2", command="bash scripts/gpu_two.sh")
+# On one GPU those tests skip (tests/test_jax_frontend.py, TWO_DEVICES), so gpu_all.sh never runs
+# them; on a CPU, CI runs them over two host devices (tests/conftest.py). A skip here, or fewer
+# than two GPUs, fails the script. Logs land in $OUT.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/embwgrad-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 EMBWGRAD_REQUIRE_GPU=1
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+nvidia-smi -L
+python3 -c "import jax; d = jax.devices(); print(len(d), 'x', d[0].device_kind, 'jax', jax.__version__); assert len(d) >= 2" ||
+  { echo "needs two GPUs"; exit 2; }
+timeout -s INT -k 15 "${PYTEST_TIMEOUT:-300}" python3 -m pytest -q -rfEs -p no:cacheprovider \
+  tests/test_jax_frontend.py -k "own_shard or split_by_rows" 2>&1 | tee "$OUT/pytest_two.log"
+pytest_rc=${PIPESTATUS[0]}
+timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/sharded_jax.py 2>&1 | tee "$OUT/sharded.log"
+bench_rc=${PIPESTATUS[0]}
+echo
+echo "== summary =="
+echo "pytest (exit $pytest_rc): $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest_two.log" | tail -1)"
+skips=$(grep -cE '^SKIPPED' "$OUT/pytest_two.log")
+[ "$skips" -eq 0 ] || echo "$skips tests skipped: they did not run on two GPUs"
+echo "sharded_jax.py (exit $bench_rc):"
+sed -n '/^| n |/,$p' "$OUT/sharded.log"
+exit $(( pytest_rc != 0 || bench_rc != 0 || skips != 0 ))
