@@ -68,6 +68,17 @@ FOLD_ROLE_MAX_TOKENS = 8192
 #: Programs per SM that fold long runs inside the partials kernel (NOTES v8: 2 and 8 measured slower).
 FOLD_PROGRAMS_PER_SM = 4
 
+#: The masked route (accumulate's masked on the merge sort), in both frontends: at most this many
+#: partials programs per SM. The launch settings follow n, the work the m kept tokens (about n / 8
+#: on a rank of TP 8), which wants fewer programs than n does. H200, Megatron's TP input masked, us,
+#: n's setting -> 96 per SM: torch (graph replay, 128 per SM above 8192 tokens; NOTES v58) TP8 16384
+#: 61.3 -> 56.3, 32768 61.9 -> 58.7, 65536 106.9 -> 103.4, TP2 32768 218.7 -> 217.6, 65536 387.7 ->
+#: 387.7; JAX (chains of 300 calls, 256 per SM above 8192 tokens, each tree in its own process, two
+#: rounds; NOTES v59) TP8 16384 63.6-63.8 -> 50.5-56.0, 32768 70.6-71.4 -> 58.6-58.8, 65536 108.2 ->
+#: 99.6-100.3, TP2 65536 394.8 -> 398.2 (0.9% slower). 64 per SM: TP8 about as 96, TP2 65536 7.6 us
+#: (torch) and 6.4 (JAX) slower. An implementation choice, not arithmetic.
+MASKED_PARTIAL_PROGRAMS_PER_SM = 96
+
 #: Feature path with bf16 grads, from this many tokens, in both frontends: the long runs' partials
 #: go to scratch as bf16 bits, half the bytes of fp32, the same bits after the fold (PyTorch
 #: rounds each of them to bf16 before any use). H200, torch (JAX): 2048 Zipf 70.8 -> 63.2 us

@@ -99,6 +99,7 @@ from embwgrad_core import (
     FOLD_PROGRAMS_PER_SM,
     FOLD_ROLE_MAX_TOKENS,
     MASKED_LOOKUP_ID,
+    MASKED_PARTIAL_PROGRAMS_PER_SM,
     NROWS,
     PARTIAL_PROGRAMS_PER_SM,
     ROW0_BLOCK_H,
@@ -183,16 +184,6 @@ WIDE_PARTIAL_PROGRAMS_PER_SM = 256
 #: 325.0 / 1053.7; H = 16384 662.1 / 352.9 / 1250.7 / 655.9 / 2178.7 against 659.5 / 350.6 /
 #: 1245.1 / 651.4 / 2163.7. Faster at every point, in both repeats.
 LONG_PARTIAL_PROGRAMS_PER_SM = 256
-
-#: The masked route (accumulate's masked on the merge sort): at most this many partials programs
-#: per SM, as the torch twin's MASKED_PARTIAL_PROGRAMS_PER_SM. The launch settings follow n, the
-#: work the m kept tokens (about n / 8 on a rank of TP 8), which wants fewer programs than n does.
-#: H200, Megatron's TP input masked, chains of 300 calls, each tree in its own process, two rounds
-#: (scripts/ab.sh; NOTES v59), us, 96 / n's (256 per SM above 8192 tokens): TP8 16384 50.5, 56.0 /
-#: 63.6, 63.8; 32768 58.8, 58.6 / 71.4, 70.6; 65536 99.6, 100.3 / 108.2; TP2 65536 398.2, 398.2 /
-#: 394.8 (0.9% slower). At 8192 (128 per SM there) the chains' host noise (42-65 us) hides it. 64 per
-#: SM, in one process: TP8 as 96, TP2 65536 402.2 against 395.8.
-MASKED_PARTIAL_PROGRAMS_PER_SM = 96
 
 #: Merge sort: the merge stores the sorted positions and the records, and the partials kernel
 #: loads a partial's other positions, with L2 priority evict_last, as the torch twin

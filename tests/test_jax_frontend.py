@@ -172,7 +172,6 @@ def test_sort_choice_follows_threshold_and_packing():
             ew._config(small, path, overrides)
 
 
-
 @pytest.mark.parametrize("n, masked, per_sm", [(8192, True, 96), (16384, True, 96), (65536, True, 96), (8192, False, 128),
                                                (16384, False, 256), (65536, False, 256)])
 def test_masked_route_launch_settings(n, masked, per_sm):

@@ -80,7 +80,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime import driver
 from triton.runtime.interpreter import InterpretedFunction
 
-from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, COMPACT_BLOCK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ROW0_BLOCK_H, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, merge_block, merge_sorted, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
+from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, COMPACT_BLOCK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MASKED_PARTIAL_PROGRAMS_PER_SM, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ROW0_BLOCK_H, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, merge_block, merge_sorted, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
 from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args, check_masked
@@ -110,14 +110,6 @@ SMALL_MERGE_LANES_MAX_TOKENS = 4096
 #: 8192 uniform 157.2 / 157.2 / 160.3, 8192 Zipf 94.5 / 92.6 / 91.3; 16384 uniform 304.3 / 305.6 /
 #: 314.4, 16384 Zipf 179.5 / 178.2 / 179.5.
 SMALL_PARTIAL_PROGRAMS_PER_SM = ((4096, 64), (8192, 96))
-
-#: The masked route (accumulate's masked on the merge sort): at most this many partials programs
-#: per SM. Its launch settings follow n, its work the m kept tokens, about n / 8 on a rank of TP 8,
-#: which wants fewer programs than n does. H200, graph replay, Megatron's TP input masked (NOTES
-#: v58), 128 -> 96 per SM: TP8 16384 61.3 -> 56.3 us, 32768 61.9 -> 58.7, 65536 106.9 -> 103.4;
-#: TP2 32768 218.7 -> 217.6, 65536 387.7 -> 387.7. (64 per SM: TP8 54.3, 58.8, 102.2, but TP2
-#: 65536 395.3.)
-MASKED_PARTIAL_PROGRAMS_PER_SM = 96
 
 #: Merge sort: the records of the first positions (whole merge blocks) come first, and with PDL
 #: their rows are prefetched into L2 while the plan is made. 256 measured 1-2 us faster at 4096
