@@ -289,6 +289,12 @@ _M = 3  # the masked route: the tokens the plan sorts (written by the block sort
 _COMPACT_ARRAYS = 4
 
 
+def _kept_count(compact_ref, stride: int):
+    """The masked route's m: the tokens _compact_kernel kept, the first word of its header after
+    the arrays (as the torch twin's _kept_count)."""
+    return compact_ref[_COMPACT_ARRAYS * stride]
+
+
 def _flag(flags_ref, num_hb: int, hb, row):
     """Sort path: index of the zero-skip flag of scratch row `row` in H block hb. The flags are
     [H blocks, partial_buffer_rows], flattened: a fold reads one H block's flags of a run's
@@ -358,7 +364,7 @@ def _block_sort_kernel(
     b0 = pl.program_id(0) * block
     c0 = pl.program_id(1) * block_i
     first = (pl.program_id(0) == 0) & (pl.program_id(1) == 0)  # read here: interpret mode has no program ids inside pl.when
-    m = ids_ref[_COMPACT_ARRAYS * compact] if compact else n
+    m = _kept_count(ids_ref, compact) if compact else n
     load = functools.partial(_load_keys, ids_ref, n=n, num_embeddings=num_embeddings, padding_idx=padding_idx)
 
     @pl.when(first)
@@ -1552,7 +1558,7 @@ def _merge_rows_ahead_kernel(block_keys_ref, block_pos_ref, counts_in_ref, ids_r
             take = v < tokens * num_hb
             i = jnp.minimum(v // num_hb, tokens - 1)
             if kept:
-                take = take & (i < ids_ref[_COMPACT_ARRAYS * kept])
+                take = take & (i < _kept_count(ids_ref, kept))
                 pos = jnp.where(take, plgpu.load(ids_ref.at[kept + i]), 0)
             else:
                 pos = i
