@@ -44,21 +44,25 @@ def chain_ms(step, state, reps=300, repeats=7):
 
 def unrolled_ms(step, state, args=(), k=20, calls=300, repeats=7):
     """A probe's time per call with the host's dispatch taken out: step(state, *args) (traceable:
-    call the frontend's traced form, e.g. ew._accumulate; args are passed in, not closed over,
-    so that XLA does not take grad for a constant) k times in one jit, unrolled, state donated, so
-    one dispatch issues k calls' kernels back to back; chain_ms over calls // k such jits, divided
-    by k. Not the benchmark's method (chains of single calls, as a training loop issues them): for
-    comparing kernels where a call's GPU time is near the host's 30-75 us of dispatch
-    (benchmarks/NOTES.md v59)."""
+    call the frontend's traced form, e.g. ew._accumulate) k times in one jit, unrolled, state
+    donated, so one dispatch issues k calls' kernels back to back; chain_ms over calls // k such
+    jits, divided by k. Each of the k steps gets its own copy of args, passed in as separate
+    buffers: with one set of args XLA would compute the plan (a function of ids alone) once for
+    all k steps, and the probe would time the partials only (NOTES v60). Not the benchmark's
+    method (chains of single calls, as a training loop issues them): for comparing kernels where
+    a call's GPU time is near the host's 30-75 us of dispatch (benchmarks/NOTES.md v59).
+    Returns (ms per call, state, the custom calls in the compiled jit: k times one call's)."""
+    per_step = [tuple(None if a is None else jnp.array(a, copy=True) for a in args) for _ in range(k)]
 
-    def body(s, *a):
-        for _ in range(k):
+    def body(s, per_step):
+        for a in per_step:
             s = step(s, *a)
         return s
 
     many = jax.jit(body, donate_argnums=0)
-    ms, state = chain_ms(lambda s: many(s, *args), state, reps=max(1, calls // k), repeats=repeats)
-    return ms / k, state
+    custom_calls = many.lower(state, per_step).compile().as_text().count(" custom-call(")
+    ms, state = chain_ms(lambda s: many(s, per_step), state, reps=max(1, calls // k), repeats=repeats)
+    return ms / k, state, custom_calls
 
 
 def exact_rows(ids_np, grad, before_rows, after_rows, vocab) -> bool:

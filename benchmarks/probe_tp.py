@@ -240,8 +240,9 @@ def run_jax(names, with_mask=False, unrolled=False):
             got = np.asarray(call(ids, grad, jnp.asarray(mg0), masked, zero_rows=True, overrides=o))[touched]
             ok = np.array_equal(got.view(np.int32), want.view(np.int32))
             if unrolled:  # inside the probe's jit: the traced form, the same kernels
-                ms, _ = unrolled_ms(lambda mg, i, g, m, o=o: ew._accumulate(i, g, mg, m, zero_rows=True, overrides=o), jnp.asarray(mg0),
-                                    (ids, grad, masked))
+                ms, _, kernels = unrolled_ms(lambda mg, i, g, m, o=o: ew._accumulate(i, g, mg, m, zero_rows=True, overrides=o),
+                                             jnp.asarray(mg0), (ids, grad, masked))
+                print(f"JAX n={n} TP={tp} {name}: {kernels} custom calls in 20 unrolled calls", flush=True)
             else:
                 ms, _ = chain_ms(lambda mg, o=o: call(ids, grad, mg, masked, zero_rows=True, overrides=o), jnp.asarray(mg0))
             results[(n, f"TP{tp}", name)] = (ms * 1e3, ok)

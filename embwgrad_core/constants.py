@@ -69,15 +69,20 @@ FOLD_ROLE_MAX_TOKENS = 8192
 FOLD_PROGRAMS_PER_SM = 4
 
 #: The masked route (accumulate's masked on the merge sort), in both frontends: at most this many
-#: partials programs per SM. The launch settings follow n, the work the m kept tokens (about n / 8
-#: on a rank of TP 8), which wants fewer programs than n does. H200, Megatron's TP input masked, us,
-#: n's setting -> 96 per SM: torch (graph replay, 128 per SM above 8192 tokens; NOTES v58) TP8 16384
-#: 61.3 -> 56.3, 32768 61.9 -> 58.7, 65536 106.9 -> 103.4, TP2 32768 218.7 -> 217.6, 65536 387.7 ->
-#: 387.7; JAX (chains of 300 calls, 256 per SM above 8192 tokens, each tree in its own process, two
-#: rounds; NOTES v59) TP8 16384 63.6-63.8 -> 50.5-56.0, 32768 70.6-71.4 -> 58.6-58.8, 65536 108.2 ->
-#: 99.6-100.3, TP2 65536 394.8 -> 398.2 (0.9% slower). 64 per SM: TP8 about as 96, TP2 65536 7.6 us
-#: (torch) and 6.4 (JAX) slower. An implementation choice, not arithmetic.
-MASKED_PARTIAL_PROGRAMS_PER_SM = 96
+#: partials programs per SM, by n, as (up to n tokens, programs) (embwgrad_core.plan.
+#: masked_partial_programs_per_sm). The launch settings follow n, the work the m kept tokens (about
+#: n / 8 on a rank of TP 8), which wants fewer programs than n does. H200, Megatron's TP input
+#: masked, us, n's setting -> 96 per SM: torch (graph replay, 128 per SM above 8192 tokens; NOTES
+#: v58) TP8 16384 61.3 -> 56.3, 32768 61.9 -> 58.7, 65536 106.9 -> 103.4, TP2 32768 218.7 -> 217.6,
+#: 65536 387.7 -> 387.7; JAX (chains of 300 calls, 256 per SM above 8192 tokens, each tree in its own
+#: process, two rounds; NOTES v59) TP8 16384 63.6-63.8 -> 50.5-56.0, 32768 70.6-71.4 -> 58.6-58.8,
+#: 65536 108.2 -> 99.6-100.3, TP2 65536 394.8 -> 398.2 (0.9% slower). 96 -> 64 per SM (NOTES v60;
+#: JAX 20 calls unrolled in one jit): up to 16384 tokens faster, torch TP8 8192 41.9 -> 36.8, 12288
+#: 42.1 -> 38.7, 16384 56.3 -> 54.3 (v58), TP2 8192 69.3 -> 66.9, 4096 even; JAX TP8 4096 29.0 ->
+#: 26.4, 8192 35.0 -> 32.4, 12288 39.3 -> 38.2, 16384 50.3 -> 49.2, TP2 8192 66.4-67.2 -> 65.0; above,
+#: TP8 even or 0.3 us faster but TP2 slower: 32768 torch +1.5, 65536 torch +7.6, JAX +2.3 (v58,
+#: v60). An implementation choice, not arithmetic.
+MASKED_PARTIAL_PROGRAMS_PER_SM = ((16384, 64), (MASKED_MERGE_SORT_MAX_TOKENS, 96))
 
 #: Feature path with bf16 grads, from this many tokens, in both frontends: the long runs' partials
 #: go to scratch as bf16 bits, half the bytes of fp32, the same bits after the fold (PyTorch

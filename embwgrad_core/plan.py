@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .constants import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, MASKED_LOOKUP_ID, MASKED_MERGE_SORT_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_MIN_BLOCK, MERGE_SORT_MAX_TOKENS, NROWS, ROWS_AHEAD_ELEMENTS, SORT
+from .constants import CHUNK, FEATURE, FEATURE_PATH_MAX_TOKENS, MASKED_LOOKUP_ID, MASKED_MERGE_SORT_MAX_TOKENS, MASKED_PARTIAL_PROGRAMS_PER_SM, MERGE_MAX_BLOCKS, MERGE_MIN_BLOCK, MERGE_SORT_MAX_TOKENS, NROWS, ROWS_AHEAD_ELEMENTS, SORT
 
 
 def torch_path(num_tokens: int) -> str:
@@ -99,6 +99,15 @@ def rows_ahead(positions: int, hidden: int) -> int:
     """How many of the first positions have their rows read into L2 ahead: `positions`, or fewer so
     that positions x hidden stays within ROWS_AHEAD_ELEMENTS (so unchanged up to H = 7168)."""
     return min(positions, ROWS_AHEAD_ELEMENTS // max(hidden, 1))
+
+
+def masked_partial_programs_per_sm(num_tokens: int) -> int:
+    """The masked route's most partials programs per SM for n tokens (MASKED_PARTIAL_PROGRAMS_PER_SM):
+    both frontends run at most this many, fewer where n's own setting is lower."""
+    for bound, programs in MASKED_PARTIAL_PROGRAMS_PER_SM:
+        if num_tokens <= bound:
+            return programs
+    raise ValueError(f"num_tokens={num_tokens} is above the masked route's {MASKED_MERGE_SORT_MAX_TOKENS} tokens")
 
 
 class MergeTiles(NamedTuple):

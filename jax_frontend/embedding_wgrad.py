@@ -99,7 +99,6 @@ from embwgrad_core import (
     FOLD_PROGRAMS_PER_SM,
     FOLD_ROLE_MAX_TOKENS,
     MASKED_LOOKUP_ID,
-    MASKED_PARTIAL_PROGRAMS_PER_SM,
     NROWS,
     PARTIAL_PROGRAMS_PER_SM,
     ROW0_BLOCK_H,
@@ -108,6 +107,7 @@ from embwgrad_core import (
     ZERO_SKIP_MIN_PARTIALS,
     ZERO_SKIP_WIDE,
     key_packing,
+    masked_partial_programs_per_sm,
     merge_block,
     merge_sorted,
     merge_tiles,
@@ -1369,7 +1369,7 @@ def _config(problem: Problem, path: str, overrides: tuple = (), zero_rows: bool 
         if n <= FOLD_ROLE_MAX_TOKENS:  # more (token, H block) pairs, more programs (PARTIAL_PROGRAM_ITEMS)
             per_sm = min(WIDE_PARTIAL_PROGRAMS_PER_SM, max(PARTIAL_PROGRAMS_PER_SM, n * pl.cdiv(hidden, block_h) // PARTIAL_PROGRAM_ITEMS))
         if masked and sort == MERGE:  # the masked route (_compact, where cfg.compact)
-            per_sm = min(per_sm, MASKED_PARTIAL_PROGRAMS_PER_SM)
+            per_sm = min(per_sm, masked_partial_programs_per_sm(n))
         partial_programs = per_sm * _gpu_sms()
         long_block_h = min(128, block_h)
         # As the torch twin: 64 programs along the run list for small n, up to 4096 in all.

@@ -25,6 +25,7 @@ from embwgrad_core import (
     make_masked_plan,
     make_plan,
     masked_compaction,
+    masked_partial_programs_per_sm,
     masked_split,
     merge_block,
     merge_ranks,
@@ -66,6 +67,14 @@ def test_merge_sort_reach():
     assert merge_sorted(MERGE_SORT_MAX_TOKENS + 1, masked=True) and merge_sorted(MASKED_MERGE_SORT_MAX_TOKENS, masked=True)
     assert not merge_sorted(MASKED_MERGE_SORT_MAX_TOKENS + 1, masked=True)
     assert merge_block(MASKED_MERGE_SORT_MAX_TOKENS) * MERGE_MAX_BLOCKS >= MASKED_MERGE_SORT_MAX_TOKENS
+
+
+def test_masked_partial_programs_per_sm():
+    """The masked route's partials programs per SM: 64 up to 16384 tokens, 96 above, to the route's
+    end; no setting past the route (no call asks for one)."""
+    assert [masked_partial_programs_per_sm(n) for n in (4097, 16384, 16385, MASKED_MERGE_SORT_MAX_TOKENS)] == [64, 64, 96, 96]
+    with pytest.raises(ValueError, match="num_tokens"):
+        masked_partial_programs_per_sm(MASKED_MERGE_SORT_MAX_TOKENS + 1)
 
 
 def test_round_to_is_rne_and_keeps_subnormals():

@@ -172,11 +172,11 @@ def test_sort_choice_follows_threshold_and_packing():
             ew._config(small, path, overrides)
 
 
-@pytest.mark.parametrize("n, masked, per_sm", [(8192, True, 96), (16384, True, 96), (65536, True, 96), (8192, False, 128),
+@pytest.mark.parametrize("n, masked, per_sm", [(8192, True, 64), (16384, True, 64), (16385, True, 96), (65536, True, 96), (8192, False, 128),
                                                (16384, False, 256), (65536, False, 256)])
 def test_masked_route_launch_settings(n, masked, per_sm):
     """On a GPU's settings (not interpret mode) the masked route (masked on the merge sort) runs at most
-    MASKED_PARTIAL_PROGRAMS_PER_SM partials programs per SM; a call without masked keeps n's (PARTIAL_PROGRAMS_PER_SM
+    masked_partial_programs_per_sm(n) partials programs per SM (64 up to 16384 tokens, 96 above); a call without masked keeps n's (PARTIAL_PROGRAMS_PER_SM
     up to FOLD_ROLE_MAX_TOKENS at H = 7168, LONG_PARTIAL_PROGRAMS_PER_SM above, and at 65536 the lax sort)."""
     cfg = ew._config(ew.Problem(n, 7168, 129280, -1, "bfloat16", "float32"), SORT, (("interpret", False),), zero_rows=True,
                      masked=masked)

@@ -375,11 +375,11 @@ def test_masked_keeps_the_merge_sort_to_more_tokens(n, masked, sort):
     assert ew._compact_route(ew._config(problem, SORT, True, zero_rows=True, masked=masked), torch.zeros(n, dtype=torch.uint8)) == (sort == "merge")
 
 
-@pytest.mark.parametrize("n, masked, programs, lone", [(8192, True, 96, False), (16384, True, 96, False), (32768, True, 96, True),
+@pytest.mark.parametrize("n, masked, programs, lone", [(8192, True, 64, False), (16384, True, 64, False), (16385, True, 96, True), (32768, True, 96, True),
                                                       (65536, True, 96, True), (16384, False, 128, None), (32768, False, 128, None)])
 def test_masked_route_launch_settings(n, masked, programs, lone):
-    """On an H200's settings (132 SMs, PDL) the masked route runs at most MASKED_PARTIAL_PROGRAMS_PER_SM
-    partials programs per SM and its kept lone tokens only where no folders run (_Config.kept_lone);
+    """On an H200's settings (132 SMs, PDL) the masked route runs at most masked_partial_programs_per_sm(n)
+    partials programs per SM (64 up to 16384 tokens, 96 above) and its kept lone tokens only where no folders run (_Config.kept_lone);
     a call without masked keeps PARTIAL_PROGRAMS_PER_SM (kept_lone: only the route reads it)."""
     problem = ew._check(torch.zeros(n, dtype=torch.int32), torch.zeros(n, 8), torch.zeros(10, 8), None)
     cfg = ew._config(problem, SORT, False, 132, True, zero_rows=True, masked=masked)

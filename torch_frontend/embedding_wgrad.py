@@ -80,7 +80,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime import driver
 from triton.runtime.interpreter import InterpretedFunction
 
-from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, COMPACT_BLOCK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MASKED_PARTIAL_PROGRAMS_PER_SM, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ROW0_BLOCK_H, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, merge_block, merge_sorted, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
+from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, COMPACT_BLOCK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ROW0_BLOCK_H, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, masked_partial_programs_per_sm, merge_block, merge_sorted, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
 from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args, check_masked
@@ -1643,7 +1643,7 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
     sort = "rank" if feature else "merge" if merge_sorted(n, masked) else "torch"
     per_sm = next((programs for bound, programs in SMALL_PARTIAL_PROGRAMS_PER_SM if n <= bound), PARTIAL_PROGRAMS_PER_SM)
     if masked and sort == "merge":  # the masked route (_compact_route: cfg.compact is True here)
-        per_sm = min(per_sm, MASKED_PARTIAL_PROGRAMS_PER_SM)
+        per_sm = min(per_sm, masked_partial_programs_per_sm(n))
     fold_programs = FOLD_PROGRAMS_PER_SM * sms if not feature and n <= FOLDERS_MAX_TOKENS else 0
     return _Config(
         path=path,
