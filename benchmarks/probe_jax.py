@@ -72,6 +72,8 @@ VARIANTS = {
     # v8 (branch jax-fold-role): long runs folded by _long_runs_kernel instead of the partials kernel's folding programs.
     "fold kernel": (("fold_programs", 0),),
     "no prefetch": (("prefetch", False),),
+    "partials 32/SM": (("partial_programs", 32 * ew._gpu_sms()),),
+    "partials 48/SM": (("partial_programs", 48 * ew._gpu_sms()),),
     "partials 64/SM": (("partial_programs", 64 * ew._gpu_sms()),),
     "partials 96/SM": (("partial_programs", 96 * ew._gpu_sms()),),
     "partials 192/SM": (("partial_programs", 192 * ew._gpu_sms()),),
