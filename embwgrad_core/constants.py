@@ -84,6 +84,16 @@ FOLD_PROGRAMS_PER_SM = 4
 #: v60). An implementation choice, not arithmetic.
 MASKED_PARTIAL_PROGRAMS_PER_SM = ((16384, 64), (MASKED_MERGE_SORT_MAX_TOKENS, 96))
 
+#: Sort path, both frontends: with fewer items than partials programs (the masked route: its grid
+#: follows n, its items the m kept tokens), the programs that take an item are spread evenly among
+#: those that take none, items still in program order, rather than all first and the idle ones
+#: after them (each frontend's _item_range). Idle programs at the grid's end cost a wave of header
+#: loads each (NOTES v2 item 2: "idle programs cost little when interleaved with working ones, much
+#: when at the end"); on the route at TP 8, fewer programs were faster even where every program had
+#: at most one item (NOTES v60 item 6). Off until measured on the GPU (`probe_calls.py` and
+#: `probe_jax.py` variant "spread"). An implementation choice, not arithmetic.
+SPREAD_IDLE = False
+
 #: Feature path with bf16 grads, from this many tokens, in both frontends: the long runs' partials
 #: go to scratch as bf16 bits, half the bytes of fp32, the same bits after the fold (PyTorch
 #: rounds each of them to bf16 before any use). H200, torch (JAX): 2048 Zipf 70.8 -> 63.2 us

@@ -208,6 +208,8 @@ STAGE_ROUTES = {
     # Long runs folded by _long_runs_kernel (as above FOLD_ROLE_MAX_TOKENS), and by 3 folding programs with more partials in flight.
     "sort-merge-fold-kernel": (SORT, (("sort", ew.MERGE), ("fold_programs", 0))),
     "sort-merge-fold-role": (SORT, (("sort", ew.MERGE), ("fold_programs", 3), ("fold_batch", 3), ("unroll", True))),
+    # More partials programs than items, the idle ones spread among the others (SPREAD_IDLE).
+    "sort-merge-spread": (SORT, (("sort", ew.MERGE), ("partial_programs", 300), ("spread_idle", True))),
     # The other form of each fold: the sort path's batch by batch (each batch's loads waited for
     # before the next are issued), the feature path's with the next batch loaded ahead (_fold's ahead).
     "sort-merge-fold-kernel-batched": (SORT, (("sort", ew.MERGE), ("fold_programs", 0), ("long_batch", 3), ("long_ahead", False))),
@@ -251,6 +253,8 @@ def test_stages_match_core_plan(route):
         for got, slots in ((records[:front], s[in_long_run]), (records[ids.size - back :], s[~in_long_run])):
             expected = np.stack([slots, plan.sorted_keys[slots], plan.sorted_pos[slots], plan.run_start[slots], plan.run_end[slots]], axis=1)
             assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, expected.tolist()))
+        if cfg.spread_idle:  # the case must leave head programs without an item
+            assert (front + back) * -(-case.hidden // cfg.block_h) < cfg.partial_programs - cfg.fold_programs - cfg.tail_programs
 
     listed = stages.long_runs[: int(stages.counts[ew._LISTED])]
     expected_runs = plan.long_runs.astype(np.int32)
@@ -345,6 +349,7 @@ MASKED_ROUTES = {
     "packed-rows-in-a-loop": (SORT, (("sort", ew.PACKED), ("unroll", False))),
     "merge-fold-kernel": (SORT, (("sort", ew.MERGE), ("fold_programs", 0))),
     "merge-folders-unrolled": (SORT, (("sort", ew.MERGE), ("fold_programs", 2), ("unroll", True))),
+    "merge-spread": (SORT, (("sort", ew.MERGE), ("partial_programs", 160), ("spread_idle", True))),
 }
 #: (the zero skip's flags are per H block of the partials: the folds' blocks must not be wider)
 _SMALL_BLOCKS = (("block_h", 16), ("fold_h", 8), ("long_block_h", 8))
@@ -372,6 +377,9 @@ def test_masked_rows_are_not_read(route, zero_skip):
         cfg = ew._config(problem, SORT, overrides, zero_rows=True)
         stages = ew._run_stages(ids_j, grad_j.reshape(ids.size, -1), main_j, problem, cfg, to_jax(masked.astype(np.int8)))
         assert_bits_equal(np.asarray(stages.main_grad), expected)
+        if cfg.spread_idle:  # the case must leave head programs without an item
+            records = int(stages.counts[ew._FRONT]) + int(stages.counts[ew._BACK])
+            assert 0 < records * -(-grad.shape[-1] // cfg.block_h) < cfg.partial_programs - cfg.fold_programs - cfg.tail_programs
         if cfg.sort == ew.MERGE and cfg.compact:  # the masked route: the plan is of the tokens not at row 0, no deferral
             kept = np.flatnonzero(ids.reshape(-1) != MASKED_LOOKUP_ID)
             core = make_plan(ids.reshape(-1)[kept], main_grad.shape[0], path=SORT)
@@ -423,22 +431,32 @@ def test_masked_gives_megatrons_bits():
     assert_bits_equal(np.asarray(out), reference.accumulate(ids, grad, main_grad))
 
 
-@pytest.mark.parametrize("programs, folders, tail", [(8, 0, 3), (8, 2, 3), (40, 4, 17), (5, 0, 4), (12, 3, 0)])
+@pytest.mark.parametrize("spread", [False, True], ids=["in order", "spread"])
+@pytest.mark.parametrize("programs, folders, tail", [(8, 0, 3), (8, 2, 3), (40, 4, 17), (5, 0, 4), (12, 3, 0), (64, 0, 3)])
 @pytest.mark.parametrize("items", [0, 1, 2, 3, 7, 50, 333])
-def test_item_ranges_cover_every_item_once_and_start_inside(programs, folders, tail, items):
+def test_item_ranges_cover_every_item_once_and_start_inside(programs, folders, tail, items, spread):
     """The partials programs' item ranges (_item_range): every item once, folders none, and no
     range starting below 0: a program loads its first record ahead, masked from `items` on only
-    (session 22's first tail read before the records when there were fewer items than tail programs)."""
+    (session 22's first tail read before the records when there were fewer items than tail programs).
+    spread (SPREAD_IDLE), with fewer items before the tail than head programs: one item each, in
+    program order, the programs that take one spread over the head programs (as the torch twin's test)."""
     p = jnp.arange(programs + folders, dtype=jnp.int32)
     fold_lo = min(items // 3, programs)  # the folders somewhere among the programs, as after the long runs' partials
     folder = (p >= fold_lo) & (p < fold_lo + folders) if folders else jnp.zeros_like(p, dtype=bool)
     q = jnp.where(folder, items, p - (p >= fold_lo + folders).astype(jnp.int32) * folders)
-    lo, hi, stride = ew._item_range(q, folder, jnp.int32(items), programs, tail)
+    lo, hi, stride = ew._item_range(q, folder, jnp.int32(items), programs, tail, spread)
     lo, hi, stride = (np.broadcast_to(np.asarray(a), p.shape) for a in (lo, hi, stride))
     assert (lo >= 0).all() and (stride >= 1).all()
     taken = np.concatenate([np.arange(a, b, s) for a, b, s in zip(lo, hi, stride)] + [np.zeros(0, int)])
     assert sorted(taken.tolist()) == list(range(items))
     assert all(a >= b for a, b, f in zip(lo, hi, np.asarray(folder)) if f)  # folders take no item
+    head, few = programs - tail, max(items - tail, 0)
+    if spread and 0 < few < head:
+        heads = np.flatnonzero(~np.asarray(folder))[:head]  # the head programs, in grid order
+        working = heads[hi[heads] > lo[heads]]
+        assert (hi[working] - lo[working] == 1).all() and lo[working].tolist() == list(range(few))
+        gaps = np.diff(np.concatenate([working, [heads[-1] + 1]]))
+        assert gaps.max() <= head // few + 1 + folders
 
 
 # ----------------------------------------------------------------------------- API
