@@ -30,7 +30,7 @@ import jax_frontend
 from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MASKED_MERGE_SORT_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, masked_split, merge_block, merge_tiles, reference
 from embwgrad_core.dtypes import numpy_dtype
 from jax_frontend import embedding_wgrad as ew
-from tests.cases import MASKED_ROUTE_EDGES, Case, assert_bits_equal, assert_masked_flags, assert_partials_equal, cpu_cases, gpu_cases, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids, zipf_ids
+from tests.cases import ITEM_RANGE_GRIDS, ITEM_RANGE_ITEMS, MASKED_ROUTE_EDGES, Case, assert_bits_equal, assert_item_ranges, assert_masked_flags, assert_partials_equal, cpu_cases, gpu_cases, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids, zipf_ids
 
 ON_GPU = jax.default_backend() == "gpu"
 requires_gpu = pytest.mark.skipif(not ON_GPU, reason="needs jax with a GPU backend")
@@ -432,31 +432,21 @@ def test_masked_gives_megatrons_bits():
 
 
 @pytest.mark.parametrize("spread", [False, True], ids=["in order", "spread"])
-@pytest.mark.parametrize("programs, folders, tail", [(8, 0, 3), (8, 2, 3), (40, 4, 17), (5, 0, 4), (12, 3, 0), (64, 0, 3)])
-@pytest.mark.parametrize("items", [0, 1, 2, 3, 7, 50, 333])
+@pytest.mark.parametrize("programs, folders, tail", ITEM_RANGE_GRIDS)
+@pytest.mark.parametrize("items", ITEM_RANGE_ITEMS)
 def test_item_ranges_cover_every_item_once_and_start_inside(programs, folders, tail, items, spread):
-    """The partials programs' item ranges (_item_range): every item once, folders none, and no
-    range starting below 0: a program loads its first record ahead, masked from `items` on only
-    (session 22's first tail read before the records when there were fewer items than tail programs).
-    spread (SPREAD_IDLE), with fewer items before the tail than head programs: one item each, in
-    program order, the programs that take one spread over the head programs (as the torch twin's test)."""
+    """The partials programs' item ranges (_item_range; tests.cases.assert_item_ranges, as the torch
+    twin's test), and no range starting below 0: a program loads its first record ahead, masked
+    from `items` on only (session 22's first tail read before the records when there were fewer
+    items than tail programs)."""
     p = jnp.arange(programs + folders, dtype=jnp.int32)
     fold_lo = min(items // 3, programs)  # the folders somewhere among the programs, as after the long runs' partials
     folder = (p >= fold_lo) & (p < fold_lo + folders) if folders else jnp.zeros_like(p, dtype=bool)
     q = jnp.where(folder, items, p - (p >= fold_lo + folders).astype(jnp.int32) * folders)
     lo, hi, stride = ew._item_range(q, folder, jnp.int32(items), programs, tail, spread)
     lo, hi, stride = (np.broadcast_to(np.asarray(a), p.shape) for a in (lo, hi, stride))
-    assert (lo >= 0).all() and (stride >= 1).all()
-    taken = np.concatenate([np.arange(a, b, s) for a, b, s in zip(lo, hi, stride)] + [np.zeros(0, int)])
-    assert sorted(taken.tolist()) == list(range(items))
-    assert all(a >= b for a, b, f in zip(lo, hi, np.asarray(folder)) if f)  # folders take no item
-    head, few = programs - tail, max(items - tail, 0)
-    if spread and 0 < few < head:
-        heads = np.flatnonzero(~np.asarray(folder))[:head]  # the head programs, in grid order
-        working = heads[hi[heads] > lo[heads]]
-        assert (hi[working] - lo[working] == 1).all() and lo[working].tolist() == list(range(few))
-        gaps = np.diff(np.concatenate([working, [heads[-1] + 1]]))
-        assert gaps.max() <= head // few + 1 + folders
+    assert (lo >= 0).all()
+    assert_item_ranges(lo, hi, stride, np.asarray(folder), items, programs, folders, tail, spread)
 
 
 # ----------------------------------------------------------------------------- API

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import torch_frontend
 from embwgrad_core import CHUNK, FEATURE, MASKED_LOOKUP_ID, NROWS, SORT, make_plan, masked_split, reference, torch_path
-from tests.cases import Case, assert_bits_equal, assert_partials_equal, assert_masked_flags, core_checked_on_gpu, cpu_cases, gpu_cases, MASKED_ROUTE_EDGES, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids
+from tests.cases import ITEM_RANGE_GRIDS, ITEM_RANGE_ITEMS, Case, assert_bits_equal, assert_item_ranges, assert_partials_equal, assert_masked_flags, core_checked_on_gpu, cpu_cases, gpu_cases, MASKED_ROUTE_EDGES, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids
 from torch_frontend import embedding_wgrad as ew
 
 HAS_CUDA = torch.cuda.is_available()
@@ -385,30 +385,19 @@ def _item_ranges(lo_ptr, hi_ptr, stride_ptr, items, head, tail_programs, fold_lo
 
 @cpu_only
 @pytest.mark.parametrize("spread", [False, True], ids=["in order", "spread"])
-@pytest.mark.parametrize("programs, folders, tail", [(8, 0, 3), (8, 2, 3), (40, 4, 17), (5, 0, 4), (12, 3, 0), (64, 0, 3)])
-@pytest.mark.parametrize("items", [0, 1, 2, 3, 7, 50, 333])
+@pytest.mark.parametrize("programs, folders, tail", ITEM_RANGE_GRIDS)
+@pytest.mark.parametrize("items", ITEM_RANGE_ITEMS)
 def test_item_ranges_cover_every_item_once(programs, folders, tail, items, spread):
-    """The partials programs' item ranges (_item_range, as the JAX twin's test): every item once,
-    folders none; a range that starts below 0 (a tail program with no item) is empty, so the
-    record it loads ahead is masked (_load_record masks from hi on). spread (SPREAD_IDLE), with fewer items before the tail than head programs: one item
-    each, in program order, the programs that take one spread over the head programs (no gap of
-    more than head / items + 1 between two of them, none idle at the end beyond that)."""
+    """The partials programs' item ranges (_item_range; tests.cases.assert_item_ranges, as the JAX
+    twin's test); a range that starts below 0 (a tail program with no item) is empty, so the
+    record it loads ahead is masked (_load_record masks from hi on)."""
     head, fold_lo = programs - tail, min(items // 3, programs)
     out = [torch.zeros(programs + folders, dtype=torch.int32) for _ in range(3)]
     _item_ranges[(programs + folders,)](*out, items, head, tail, fold_lo, folders, SPREAD=spread)
     lo, hi, stride = (t.numpy() for t in out)
-    assert (stride >= 1).all() and (hi <= lo)[lo < 0].all()  # a range starting below 0 is empty (its record load masked)
-    taken = np.concatenate([np.arange(a, b, s) for a, b, s in zip(lo, hi, stride)] + [np.zeros(0, int)])
-    assert sorted(taken.tolist()) == list(range(items))
+    assert (hi <= lo)[lo < 0].all()  # a range starting below 0 is empty (its record load masked)
     folder = (np.arange(programs + folders) >= fold_lo) & (np.arange(programs + folders) < fold_lo + folders)
-    assert (lo[folder] >= hi[folder]).all()  # folders take no item
-    few = max(items - tail, 0)
-    if spread and 0 < few < head:
-        heads = np.flatnonzero(~folder)[:head]  # the head programs, in grid order
-        working = heads[hi[heads] > lo[heads]]
-        assert (hi[working] - lo[working] == 1).all() and lo[working].tolist() == list(range(few))
-        gaps = np.diff(np.concatenate([working, [heads[-1] + 1]]))
-        assert gaps.max() <= head // few + 1 + folders
+    assert_item_ranges(lo, hi, stride, folder, items, programs, folders, tail, spread)
 
 
 @cpu_only
