@@ -11,12 +11,8 @@
 # -n 2 they no longer fit, and at -n 6 the workers' JAX and torch caches together exhausted the
 # GPU's memory. A suite cut short names the tests it did not reach (collected minus reported).
 set -u
-cd "$(dirname "$0")/.."
 start=$SECONDS
-OUT=${OUT:-/tmp/embwgrad-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 EMBWGRAD_REQUIRE_GPU=1
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
+source "$(dirname "$0")/gpu_env.sh"
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
   python3 -c "import sys, torch, triton, jax; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'jax', jax.__version__)"

@@ -8,11 +8,7 @@
 # out the host's dispatch: about 15 s of compiles and timing per point and variant. The three
 # timeouts (200 + 130 + 240 s) keep the call inside the device tool's 600 s.
 set -u
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/embwgrad-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 EMBWGRAD_REQUIRE_GPU=1
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
+source "$(dirname "$0")/gpu_env.sh"
 export PROBE_POINTS=${PROBE_POINTS:-4096:8,8192:8,8192:2,16384:8,16384:2}
 timeout -s INT -k 15 "${PYTEST_TIMEOUT:-200}" python3 -m pytest -q -rfEs -n 4 -p no:cacheprovider tests/ \
   -k "${PYTEST_K:-masked or megatron or compact or route or lone or cross or launch or spread}" 2>&1 | tee "$OUT/pytest.log" | tail -3

@@ -6,11 +6,7 @@
 # them; on a CPU, CI runs them over two host devices (tests/conftest.py). A skip here, or fewer
 # than two GPUs, fails the script. Logs land in $OUT.
 set -u
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/embwgrad-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 EMBWGRAD_REQUIRE_GPU=1
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
+source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi -L
 python3 -c "import jax; d = jax.devices(); print(len(d), 'x', d[0].device_kind, 'jax', jax.__version__); assert len(d) >= 2" ||
   { echo "needs two GPUs"; exit 2; }
