@@ -84,14 +84,9 @@ VARIANTS = {
     "pp 96 fold": dict(partial_programs=96 * SMS, fold_programs=4 * SMS),
     # v58, after MASKED_PARTIAL_PROGRAMS_PER_SM and kept lone tokens only without folders: the settings before.
     "pp 128": dict(partial_programs=128 * SMS),
-    # v60, after 64 per SM on the masked route up to 16384 tokens: fewer still.
+    # v60, after 64 per SM on the masked route up to 16384 tokens: fewer still (v61: 48 up to 8192).
     "pp 48": dict(partial_programs=48 * SMS),
     "pp 32": dict(partial_programs=32 * SMS),
-    # v60: with fewer items than partials programs (the masked route), the idle programs spread
-    # among the others (SPREAD_IDLE; off by default until measured).
-    "spread": dict(spread_idle=True),
-    "spread pp 96": dict(spread_idle=True, partial_programs=96 * SMS),
-    "spread pp 32": dict(spread_idle=True, partial_programs=32 * SMS),
     "kept lone": dict(kept_lone=True),
     # v9 (not yet measured): the merge kernel's searches spread over more programs. At 4096
     # tokens its 1024 lanes per program make 64 programs (about half the SMs), each thread

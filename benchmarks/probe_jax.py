@@ -75,11 +75,6 @@ VARIANTS = {
     "partials 32/SM": (("partial_programs", 32 * ew._gpu_sms()),),
     "partials 48/SM": (("partial_programs", 48 * ew._gpu_sms()),),
     "partials 64/SM": (("partial_programs", 64 * ew._gpu_sms()),),
-    # v60: with fewer items than partials programs (the masked route), the idle programs spread
-    # among the others (SPREAD_IDLE; off by default until measured).
-    "spread": (("spread_idle", True),),
-    "spread partials 96/SM": (("spread_idle", True), ("partial_programs", 96 * ew._gpu_sms())),
-    "spread partials 32/SM": (("spread_idle", True), ("partial_programs", 32 * ew._gpu_sms())),
     "partials 96/SM": (("partial_programs", 96 * ew._gpu_sms()),),
     "partials 192/SM": (("partial_programs", 192 * ew._gpu_sms()),),
     "partials 1 warp": (("partial_warps", 1),),

@@ -81,18 +81,13 @@ FOLD_PROGRAMS_PER_SM = 4
 #: 42.1 -> 38.7, 16384 56.3 -> 54.3 (v58), TP2 8192 69.3 -> 66.9, 4096 even; JAX TP8 4096 29.0 ->
 #: 26.4, 8192 35.0 -> 32.4, 12288 39.3 -> 38.2, 16384 50.3 -> 49.2, TP2 8192 66.4-67.2 -> 65.0; above,
 #: TP8 even or 0.3 us faster but TP2 slower: 32768 torch +1.5, 65536 torch +7.6, JAX +2.3 (v58,
-#: v60). An implementation choice, not arithmetic.
-MASKED_PARTIAL_PROGRAMS_PER_SM = ((16384, 64), (MASKED_MERGE_SORT_MAX_TOKENS, 96))
-
-#: Sort path, both frontends: with fewer items than partials programs (the masked route: its grid
-#: follows n, its items the m kept tokens), the programs that take an item are spread evenly among
-#: those that take none, items still in program order, rather than all first and the idle ones
-#: after them (each frontend's _item_range). Idle programs at the grid's end cost a wave of header
-#: loads each (NOTES v2 item 2: "idle programs cost little when interleaved with working ones, much
-#: when at the end"); on the route at TP 8, fewer programs were faster even where every program had
-#: at most one item (NOTES v60 item 6). Off until measured on the GPU (`probe_calls.py` and
-#: `probe_jax.py` variant "spread"). An implementation choice, not arithmetic.
-SPREAD_IDLE = False
+#: v60). 64 -> 48 per SM up to 8192 tokens (NOTES v61; same process, torch graph replay / JAX 20
+#: calls unrolled): TP8 4096 32.0 -> 29.4 / 26.4 -> 25.1, TP8 8192 36.8 -> 34.3 / 32.0 -> 30.2, TP2
+#: 8192 67.0 -> 66.8 / 65.5 -> 65.7; at 16384 TP8 torch 48.1 -> 46.1, JAX even, but TP2 torch 113.3
+#: -> 116.6, so 64 stays there. Spreading the working programs among the idle ones instead (v61):
+#: no faster anywhere (torch TP8 16384 +2.8 us, JAX +2.0), removed. An implementation choice, not
+#: arithmetic.
+MASKED_PARTIAL_PROGRAMS_PER_SM = ((8192, 48), (16384, 64), (MASKED_MERGE_SORT_MAX_TOKENS, 96))
 
 #: Feature path with bf16 grads, from this many tokens, in both frontends: the long runs' partials
 #: go to scratch as bf16 bits, half the bytes of fp32, the same bits after the fold (PyTorch

@@ -103,7 +103,6 @@ from embwgrad_core import (
     PARTIAL_PROGRAMS_PER_SM,
     ROW0_BLOCK_H,
     SORT,
-    SPREAD_IDLE,
     ZERO_SKIP_BLOCK,
     ZERO_SKIP_MIN_PARTIALS,
     ZERO_SKIP_WIDE,
@@ -856,7 +855,6 @@ def _partials_kernel(
     fold_batch: int,  # partials they load at once
     fold_ahead: bool,  # they load the next batch while they add this one (_fold)
     tail: int,  # sort path: the last programs but the folders, which take the last items, one each (as the torch twin)
-    spread: bool,  # sort path: with fewer items than programs, the idle programs spread among the others (SPREAD_IDLE)
     interpret: bool,  # Pallas interpret mode: programs run in order, one at a time (no barrier, no waiting)
     skip_min: int,  # sort path: runs of this many partials or more flag and skip their zero partials (_fold; 0: none)
     skip_block: int,  # flags a fold reads at once
@@ -1035,7 +1033,7 @@ def _partials_kernel(
         programs -= folders
         q = jnp.where(folder, items, p - (p >= fold_lo + folders).astype(jnp.int32) * folders)
 
-    lo, hi, stride = _item_range(q, folder, items, programs, tail, spread)
+    lo, hi, stride = _item_range(q, folder, items, programs, tail)
 
     def load_record(w):  # (slot, key, position, run start, run end) of item w; zeros past the last item
         r = w // num_hb
@@ -1054,7 +1052,7 @@ def _partials_kernel(
     lax.fori_loop(0, jnp.maximum(hi - lo + stride - 1, 0) // stride, record, first)
 
 
-def _item_range(q, folder, items, programs, tail: int, spread: bool = False):
+def _item_range(q, folder, items, programs, tail: int):
     """(lo, hi, stride) of a partials program: it takes items lo, lo + stride, ... below hi.
 
     q is the program among the `programs` that take items (a folder's q is `items`). Without a
@@ -1063,13 +1061,9 @@ def _item_range(q, folder, items, programs, tail: int, spread: bool = False):
     before those. A program left without an item (a folder, or a tail program when there are
     fewer items than tail programs) gets lo = hi = items, so that the record it loads ahead is
     masked (load_record masks w >= items only: a negative item would read before the records,
-    an illegal address on the H200, NOTES v22). spread (SPREAD_IDLE, as the torch twin), with
-    fewer items before the tail than head programs: the head programs that take one are spread
-    evenly among the others (program q takes item q * f // head where that differs from program
-    q - 1's, f the items), not all first with the idle ones after them; the idle ones get lo = hi =
-    items. Works elementwise on arrays of q (tests).
+    an illegal address on the H200, NOTES v22). Works elementwise on arrays of q (tests).
     """
-    if not tail and not spread:
+    if not tail:
         return q, items, programs
     head = programs - tail
     is_tail = q >= head
@@ -1079,16 +1073,6 @@ def _item_range(q, folder, items, programs, tail: int, spread: bool = False):
     hi = jnp.where(idle, items, jnp.where(is_tail, tail_item + 1, jnp.maximum(items - tail, 0)))
     # (jnp.int32 on both: with a bare 1 the Triton lowering gave the select an i1 operand, jax 0.10.2.)
     stride = jnp.where(is_tail, jnp.int32(1), jnp.int32(head))
-    if spread:
-        few = jnp.maximum(items - tail, 0)  # the head programs' items
-        f = jnp.minimum(few, head)
-        w = jnp.where(folder | is_tail, 0, q)  # (a folder's q is items: kept out of the products, below head ** 2)
-        k = w * f // head
-        first = (w == 0) | (k != (w - 1) * f // head)
-        sparse = (few < head) & ~is_tail & ~folder
-        works = first & (k < few)
-        lo = jnp.where(sparse, jnp.where(works, k, items), lo)
-        hi = jnp.where(sparse, jnp.where(works, k + 1, items), hi)
     return lo, hi, stride
 
 
@@ -1323,7 +1307,6 @@ class _Config:
     bf16_scratch: bool = False  # feature path, bf16 grad: long runs' partials as bf16 bits (_to_scratch; BF16_SCRATCH_MIN_TOKENS)
     rank_warps: int = 4  # _rank_kernel's num_warps: 8 or 16 measured 5-6 us slower at 2048-3072 Zipf (NOTES v18 item 1)
     tail_programs: int = 0  # sort path: _partials_kernel's last programs (but the folders), which take the last items, one each
-    spread_idle: bool = SPREAD_IDLE  # sort path: with fewer items than partials programs, the idle ones spread among the others
     plan_evict_last: bool = False  # merge sort: the sorted positions and records kept in L2 (PLAN_EVICT_LAST)
     rows_ahead: int = 0  # merge sort: extra merge-kernel programs read the rows of positions [0, this) into L2 (ROWS_AHEAD)
     rows_ahead_per: int = ROWS_AHEAD_PIECES  # (position, H block) pieces per such program
@@ -1793,7 +1776,6 @@ def _partials(plan, records, counts, long_runs, arrivals, grad, main_grad, probl
         fold_batch=cfg.fold_batch,
         fold_ahead=cfg.fold_ahead,
         tail=0 if feature else max(0, min(cfg.tail_programs, programs - folders - 1)),
-        spread=cfg.spread_idle and not feature,
         interpret=cfg.interpret,
         skip_min=cfg.zero_skip,
         skip_block=cfg.skip_block,

@@ -105,21 +105,19 @@ def variants():
             {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT, "FOLD_H": 256, "FOLD_BATCH": 16,
              "PREFETCH_L2": not feature, "LONE": not feature, "SCRATCH_POLICY": "" if feature else "evict_last", "FOLD_STAGES": 0, **skip,
              "PLAN_POLICY": "" if feature or not ew.PLAN_EVICT_LAST else "evict_last", "PREFETCH_EVICT_LAST": 0 if feature else ew.PREFETCH_EVICT_LAST,
-             "MASKED": masked, "KEPT": False, "SPREAD": False},
+             "MASKED": masked, "KEPT": False},
         )
-        # The masked route: its first kept tokens (lone ones, rows prefetched) read from the
-        # compaction; its idle programs spread among the others (SPREAD_IDLE, off by default).
+        # The masked route: its first kept tokens (lone ones, rows prefetched) read from the compaction.
         if masked and not feature:
-            for spread in (False, True):
-                yield (
-                    f"partials {tag} route" + (" spread" if spread else ""),
-                    ew._partials_kernel,
-                    {**types, "ids_ptr": "*i32"},
-                    {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT,
-                     "FOLD_H": 256, "FOLD_BATCH": 16, "PREFETCH_L2": True, "LONE": True, "SCRATCH_POLICY": "evict_last", "FOLD_STAGES": 0,
-                     **skip, "PLAN_POLICY": "evict_last" if ew.PLAN_EVICT_LAST else "", "PREFETCH_EVICT_LAST": ew.PREFETCH_EVICT_LAST,
-                     "MASKED": True, "KEPT": True, "SPREAD": spread},
-                )
+            yield (
+                f"partials {tag} route",
+                ew._partials_kernel,
+                {**types, "ids_ptr": "*i32"},
+                {**common, "CHUNK_SIZE": CHUNK, "BLOCK_H": 1024, "PREFETCH": True, "RECORD_HINT": ew.RECORD_HINT, "L1_HINT": ew.RECORD_HINT,
+                 "FOLD_H": 256, "FOLD_BATCH": 16, "PREFETCH_L2": True, "LONE": True, "SCRATCH_POLICY": "evict_last", "FOLD_STAGES": 0,
+                 **skip, "PLAN_POLICY": "evict_last" if ew.PLAN_EVICT_LAST else "", "PREFETCH_EVICT_LAST": ew.PREFETCH_EVICT_LAST,
+                 "MASKED": True, "KEPT": True},
+            )
         yield (
             f"long_runs {tag}",
             ew._long_runs_kernel,

@@ -342,23 +342,13 @@ ITEM_RANGE_GRIDS = [(8, 0, 3), (8, 2, 3), (40, 4, 17), (5, 0, 4), (12, 3, 0), (6
 ITEM_RANGE_ITEMS = [0, 1, 2, 3, 7, 50, 333]
 
 
-def assert_item_ranges(lo, hi, stride, folder, items: int, programs: int, folders: int, tail: int, spread: bool) -> None:
+def assert_item_ranges(lo, hi, stride, folder, items: int) -> None:
     """The partials programs' item ranges (each frontend's _item_range), one entry per program in
-    grid order: every item once, folders none. spread (SPREAD_IDLE), with fewer items before the
-    tail than head programs: one item each, in program order, the programs that take one spread
-    over the head programs (no gap of more than head / items + 1 between two of them, none idle at
-    the end beyond that)."""
+    grid order: every item once, folders none."""
     assert (stride >= 1).all()
     taken = np.concatenate([np.arange(a, b, s) for a, b, s in zip(lo, hi, stride)] + [np.zeros(0, int)])
     assert sorted(taken.tolist()) == list(range(items))
     assert (lo[folder] >= hi[folder]).all()  # folders take no item
-    head, few = programs - tail, max(items - tail, 0)
-    if spread and 0 < few < head:
-        heads = np.flatnonzero(~folder)[:head]  # the head programs, in grid order
-        working = heads[hi[heads] > lo[heads]]
-        assert (hi[working] - lo[working] == 1).all() and lo[working].tolist() == list(range(few))
-        gaps = np.diff(np.concatenate([working, [heads[-1] + 1]]))
-        assert gaps.max() <= head // few + 1 + folders
 
 
 def assert_partials_equal(stored, sums, path: str, grad_dtype: str) -> None:

@@ -70,9 +70,10 @@ def test_merge_sort_reach():
 
 
 def test_masked_partial_programs_per_sm():
-    """The masked route's partials programs per SM: 64 up to 16384 tokens, 96 above, to the route's
-    end; no setting past the route (no call asks for one)."""
-    assert [masked_partial_programs_per_sm(n) for n in (4097, 16384, 16385, MASKED_MERGE_SORT_MAX_TOKENS)] == [64, 64, 96, 96]
+    """The masked route's partials programs per SM: 48 up to 8192 tokens, 64 up to 16384, 96 above,
+    to the route's end; no setting past the route (no call asks for one)."""
+    ns = (1, 8192, 8193, 16384, 16385, MASKED_MERGE_SORT_MAX_TOKENS)
+    assert [masked_partial_programs_per_sm(n) for n in ns] == [48, 48, 64, 64, 96, 96]
     with pytest.raises(ValueError, match="num_tokens"):
         masked_partial_programs_per_sm(MASKED_MERGE_SORT_MAX_TOKENS + 1)
 

@@ -172,11 +172,11 @@ def test_sort_choice_follows_threshold_and_packing():
             ew._config(small, path, overrides)
 
 
-@pytest.mark.parametrize("n, masked, per_sm", [(8192, True, 64), (16384, True, 64), (16385, True, 96), (65536, True, 96), (8192, False, 128),
+@pytest.mark.parametrize("n, masked, per_sm", [(8192, True, 48), (8193, True, 64), (16384, True, 64), (16385, True, 96), (65536, True, 96), (8192, False, 128),
                                                (16384, False, 256), (65536, False, 256)])
 def test_masked_route_launch_settings(n, masked, per_sm):
     """On a GPU's settings (not interpret mode) the masked route (masked on the merge sort) runs at most
-    masked_partial_programs_per_sm(n) partials programs per SM (64 up to 16384 tokens, 96 above); a call without masked keeps n's (PARTIAL_PROGRAMS_PER_SM
+    masked_partial_programs_per_sm(n) partials programs per SM (48 up to 8192 tokens, 64 up to 16384, 96 above); a call without masked keeps n's (PARTIAL_PROGRAMS_PER_SM
     up to FOLD_ROLE_MAX_TOKENS at H = 7168, LONG_PARTIAL_PROGRAMS_PER_SM above, and at 65536 the lax sort)."""
     cfg = ew._config(ew.Problem(n, 7168, 129280, -1, "bfloat16", "float32"), SORT, (("interpret", False),), zero_rows=True,
                      masked=masked)
@@ -208,8 +208,6 @@ STAGE_ROUTES = {
     # Long runs folded by _long_runs_kernel (as above FOLD_ROLE_MAX_TOKENS), and by 3 folding programs with more partials in flight.
     "sort-merge-fold-kernel": (SORT, (("sort", ew.MERGE), ("fold_programs", 0))),
     "sort-merge-fold-role": (SORT, (("sort", ew.MERGE), ("fold_programs", 3), ("fold_batch", 3), ("unroll", True))),
-    # More partials programs than items, the idle ones spread among the others (SPREAD_IDLE).
-    "sort-merge-spread": (SORT, (("sort", ew.MERGE), ("partial_programs", 300), ("spread_idle", True))),
     # The other form of each fold: the sort path's batch by batch (each batch's loads waited for
     # before the next are issued), the feature path's with the next batch loaded ahead (_fold's ahead).
     "sort-merge-fold-kernel-batched": (SORT, (("sort", ew.MERGE), ("fold_programs", 0), ("long_batch", 3), ("long_ahead", False))),
@@ -253,8 +251,6 @@ def test_stages_match_core_plan(route):
         for got, slots in ((records[:front], s[in_long_run]), (records[ids.size - back :], s[~in_long_run])):
             expected = np.stack([slots, plan.sorted_keys[slots], plan.sorted_pos[slots], plan.run_start[slots], plan.run_end[slots]], axis=1)
             assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, expected.tolist()))
-        if cfg.spread_idle:  # the case must leave head programs without an item
-            assert (front + back) * -(-case.hidden // cfg.block_h) < cfg.partial_programs - cfg.fold_programs - cfg.tail_programs
 
     listed = stages.long_runs[: int(stages.counts[ew._LISTED])]
     expected_runs = plan.long_runs.astype(np.int32)
@@ -349,7 +345,6 @@ MASKED_ROUTES = {
     "packed-rows-in-a-loop": (SORT, (("sort", ew.PACKED), ("unroll", False))),
     "merge-fold-kernel": (SORT, (("sort", ew.MERGE), ("fold_programs", 0))),
     "merge-folders-unrolled": (SORT, (("sort", ew.MERGE), ("fold_programs", 2), ("unroll", True))),
-    "merge-spread": (SORT, (("sort", ew.MERGE), ("partial_programs", 160), ("spread_idle", True))),
 }
 #: (the zero skip's flags are per H block of the partials: the folds' blocks must not be wider)
 _SMALL_BLOCKS = (("block_h", 16), ("fold_h", 8), ("long_block_h", 8))
@@ -377,9 +372,6 @@ def test_masked_rows_are_not_read(route, zero_skip):
         cfg = ew._config(problem, SORT, overrides, zero_rows=True)
         stages = ew._run_stages(ids_j, grad_j.reshape(ids.size, -1), main_j, problem, cfg, to_jax(masked.astype(np.int8)))
         assert_bits_equal(np.asarray(stages.main_grad), expected)
-        if cfg.spread_idle:  # the case must leave head programs without an item
-            records = int(stages.counts[ew._FRONT]) + int(stages.counts[ew._BACK])
-            assert 0 < records * -(-grad.shape[-1] // cfg.block_h) < cfg.partial_programs - cfg.fold_programs - cfg.tail_programs
         if cfg.sort == ew.MERGE and cfg.compact:  # the masked route: the plan is of the tokens not at row 0, no deferral
             kept = np.flatnonzero(ids.reshape(-1) != MASKED_LOOKUP_ID)
             core = make_plan(ids.reshape(-1)[kept], main_grad.shape[0], path=SORT)
@@ -431,10 +423,9 @@ def test_masked_gives_megatrons_bits():
     assert_bits_equal(np.asarray(out), reference.accumulate(ids, grad, main_grad))
 
 
-@pytest.mark.parametrize("spread", [False, True], ids=["in order", "spread"])
 @pytest.mark.parametrize("programs, folders, tail", ITEM_RANGE_GRIDS)
 @pytest.mark.parametrize("items", ITEM_RANGE_ITEMS)
-def test_item_ranges_cover_every_item_once_and_start_inside(programs, folders, tail, items, spread):
+def test_item_ranges_cover_every_item_once_and_start_inside(programs, folders, tail, items):
     """The partials programs' item ranges (_item_range; tests.cases.assert_item_ranges, as the torch
     twin's test), and no range starting below 0: a program loads its first record ahead, masked
     from `items` on only (session 22's first tail read before the records when there were fewer
@@ -443,10 +434,10 @@ def test_item_ranges_cover_every_item_once_and_start_inside(programs, folders, t
     fold_lo = min(items // 3, programs)  # the folders somewhere among the programs, as after the long runs' partials
     folder = (p >= fold_lo) & (p < fold_lo + folders) if folders else jnp.zeros_like(p, dtype=bool)
     q = jnp.where(folder, items, p - (p >= fold_lo + folders).astype(jnp.int32) * folders)
-    lo, hi, stride = ew._item_range(q, folder, jnp.int32(items), programs, tail, spread)
+    lo, hi, stride = ew._item_range(q, folder, jnp.int32(items), programs, tail)
     lo, hi, stride = (np.broadcast_to(np.asarray(a), p.shape) for a in (lo, hi, stride))
     assert (lo >= 0).all()
-    assert_item_ranges(lo, hi, stride, np.asarray(folder), items, programs, folders, tail, spread)
+    assert_item_ranges(lo, hi, stride, np.asarray(folder), items)
 
 
 # ----------------------------------------------------------------------------- API

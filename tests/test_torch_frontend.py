@@ -132,8 +132,6 @@ STAGE_ROUTES = {
     # Lone tokens (ids that occur once) below lone_tokens are added before the plan, the others from records.
     "merge-lone-64": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, lone_tokens=64, lone_per_program=3)),
     "merge-no-lone": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, lone_tokens=0)),
-    # More partials programs than items, the idle ones spread among the others (SPREAD_IDLE).
-    "merge-spread": (SORT, dict(sort="merge", merge_block=16, merge_tile=4, merge_blocks=32, merge_u=8, partial_programs=400, spread_idle=True)),
     "rank-gpu": (FEATURE, dict(zip(("block_i", "block_j"), ew.RANK_TILES))),
     # Long runs' partials as bf16 bits (the GPU's choice from BF16_SCRATCH_MIN_TOKENS tokens).
     "rank-bf16-scratch": (FEATURE, dict(block_i=2 * CHUNK, block_j=CHUNK, block_h=8, bf16_scratch=True)),
@@ -172,8 +170,6 @@ def test_stages_match_core_plan(route):
         assert device_plan.lone_tokens == (min(ids.size, cfg.lone_tokens) if cfg.sort == "merge" else 0)
         s = s[~lone]  # no record: the partials kernel adds them before its wait on the plan
         in_long_run = plan.run_end[s] - plan.run_start[s] > NROWS  # long runs' records from the front, the others from the back
-        if cfg.spread_idle:  # the case must leave head programs without an item
-            assert sum(map(len, lists)) * -(-case.hidden // cfg.block_h) < cfg.partial_programs - cfg.tail_programs
         for got, slots in ((lists[0], s[in_long_run]), (lists[1], s[~in_long_run])):
             expected = zip(slots, plan.sorted_keys[slots], plan.sorted_pos[slots], plan.run_start[slots], plan.run_end[slots])
             assert sorted(map(tuple, got)) == sorted(tuple(int(v) for v in r) for r in expected)
@@ -372,52 +368,31 @@ def test_masked_route_lone_tokens(lone):
 
 
 @triton.jit
-def _item_ranges(lo_ptr, hi_ptr, stride_ptr, items, head, tail_programs, fold_lo, folders, SPREAD: tl.constexpr):
+def _item_ranges(lo_ptr, hi_ptr, stride_ptr, items, head, tail_programs, fold_lo, folders):
     """Each program's (lo, hi, stride) from ew._item_range, the folders placed as _partials_kernel places them."""
     pid = tl.program_id(0)
     folder = (pid >= fold_lo) & (pid < fold_lo + folders)
     wid = pid - tl.where(pid >= fold_lo + folders, folders, 0)
-    lo, hi, stride = ew._item_range(wid, folder, items, head, tail_programs, SPREAD)
+    lo, hi, stride = ew._item_range(wid, folder, items, head, tail_programs)
     tl.store(lo_ptr + pid, lo)
     tl.store(hi_ptr + pid, hi)
     tl.store(stride_ptr + pid, stride)
 
 
 @cpu_only
-@pytest.mark.parametrize("spread", [False, True], ids=["in order", "spread"])
 @pytest.mark.parametrize("programs, folders, tail", ITEM_RANGE_GRIDS)
 @pytest.mark.parametrize("items", ITEM_RANGE_ITEMS)
-def test_item_ranges_cover_every_item_once(programs, folders, tail, items, spread):
+def test_item_ranges_cover_every_item_once(programs, folders, tail, items):
     """The partials programs' item ranges (_item_range; tests.cases.assert_item_ranges, as the JAX
     twin's test); a range that starts below 0 (a tail program with no item) is empty, so the
     record it loads ahead is masked (_load_record masks from hi on)."""
     head, fold_lo = programs - tail, min(items // 3, programs)
     out = [torch.zeros(programs + folders, dtype=torch.int32) for _ in range(3)]
-    _item_ranges[(programs + folders,)](*out, items, head, tail, fold_lo, folders, SPREAD=spread)
+    _item_ranges[(programs + folders,)](*out, items, head, tail, fold_lo, folders)
     lo, hi, stride = (t.numpy() for t in out)
     assert (hi <= lo)[lo < 0].all()  # a range starting below 0 is empty (its record load masked)
     folder = (np.arange(programs + folders) >= fold_lo) & (np.arange(programs + folders) < fold_lo + folders)
-    assert_item_ranges(lo, hi, stride, folder, items, programs, folders, tail, spread)
-
-
-@cpu_only
-def test_masked_route_spread_idle():
-    """The masked route with more partials programs than items and SPREAD_IDLE on (the programs that
-    take an item spread among the idle ones): the reference's bits, masked rows (NaN) as +0."""
-    ids, grad, main_grad, masked = masked_row0_tokens(1)
-    ids_t, grad_t, out = to_torch(ids), to_torch(grad), to_torch(main_grad)
-    problem = ew._check(ids_t, grad_t, out, None)
-    cfg = dataclasses.replace(ew._config(problem, SORT, True, zero_rows=True, masked=True), block_h=16, partial_programs=160,
-                              spread_idle=True)
-    flat = to_torch(masked).view(torch.uint8)
-    plan = ew._plan_stage(ids_t, problem, cfg, masked=flat)
-    assert plan.compact is not None
-    records = sum(r.shape[0] for r in plan.record_lists())
-    assert 0 < records < cfg.partial_programs - cfg.tail_programs, "the case must leave head programs idle"
-    partials, flags = ew._partials_stage(plan, grad_t, out, problem, cfg, masked=flat)
-    if cfg.fold_programs == 0:
-        ew._long_runs_stage(plan, partials, flags, out, problem, cfg)
-    assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad, main_grad, path=SORT, masked=masked))
+    assert_item_ranges(lo, hi, stride, folder, items)
 
 
 @pytest.mark.parametrize("n, masked, sort", [(32768, False, "merge"), (32769, False, "torch"), (32769, True, "merge"), (65536, True, "merge"),
@@ -430,11 +405,11 @@ def test_masked_keeps_the_merge_sort_to_more_tokens(n, masked, sort):
     assert ew._compact_route(ew._config(problem, SORT, True, zero_rows=True, masked=masked), torch.zeros(n, dtype=torch.uint8)) == (sort == "merge")
 
 
-@pytest.mark.parametrize("n, masked, programs, lone", [(8192, True, 64, False), (16384, True, 64, False), (16385, True, 96, True), (32768, True, 96, True),
+@pytest.mark.parametrize("n, masked, programs, lone", [(8192, True, 48, False), (8193, True, 64, False), (16384, True, 64, False), (16385, True, 96, True), (32768, True, 96, True),
                                                       (65536, True, 96, True), (16384, False, 128, None), (32768, False, 128, None)])
 def test_masked_route_launch_settings(n, masked, programs, lone):
     """On an H200's settings (132 SMs, PDL) the masked route runs at most masked_partial_programs_per_sm(n)
-    partials programs per SM (64 up to 16384 tokens, 96 above) and its kept lone tokens only where no folders run (_Config.kept_lone);
+    partials programs per SM (48 up to 8192 tokens, 64 up to 16384, 96 above) and its kept lone tokens only where no folders run (_Config.kept_lone);
     a call without masked keeps PARTIAL_PROGRAMS_PER_SM (kept_lone: only the route reads it)."""
     problem = ew._check(torch.zeros(n, dtype=torch.int32), torch.zeros(n, 8), torch.zeros(10, 8), None)
     cfg = ew._config(problem, SORT, False, 132, True, zero_rows=True, masked=masked)

@@ -80,7 +80,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime import driver
 from triton.runtime.interpreter import InterpretedFunction
 
-from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, COMPACT_BLOCK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ROW0_BLOCK_H, SPREAD_IDLE, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, masked_partial_programs_per_sm, merge_block, merge_sorted, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
+from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, COMPACT_BLOCK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ROW0_BLOCK_H, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, masked_partial_programs_per_sm, merge_block, merge_sorted, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
 from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
 from embwgrad_core.validate import Problem, check_args, check_masked
@@ -1015,7 +1015,6 @@ def _partials_kernel(
     KEPT: tl.constexpr,  # the masked route, PREFETCH_L2 or LONE: ids_ptr is _compact_kernel's output, "positions" its kept tokens
     MASKED: tl.constexpr,  # accumulate's masked: masked positions' rows are neither loaded nor prefetched
     SKIP_WIDE: tl.constexpr,  # blocks of flags a fold checks at once (ZERO_SKIP_WIDE)
-    SPREAD: tl.constexpr,  # sort path: with fewer items than programs, the idle programs spread among the others (SPREAD_IDLE)
 ):
     """Sum every partial over every H block: items (partial, H block), H block fastest.
 
@@ -1073,7 +1072,7 @@ def _partials_kernel(
         # The last tail_programs programs (they start last) take the last items, one each, so that
         # the kernel ends one item after the steady state rather than a few (NOTES v10); the
         # others stride the items before those.
-        lo, hi, stride = _item_range(wid, folder, items, step - tail_programs, tail_programs, SPREAD)
+        lo, hi, stride = _item_range(wid, folder, items, step - tail_programs, tail_programs)
         # PREFETCH: the record of the program's first item now, each next one inside the loop
         # (RECORD_HINT: asked into L1 before this item's rows, loaded after them; else loaded
         # before them); otherwise each item's own record when its turn comes.
@@ -1108,31 +1107,18 @@ def _partials_kernel(
 
 
 @triton.jit
-def _item_range(wid, folder, items, head, tail_programs, SPREAD: tl.constexpr):
+def _item_range(wid, folder, items, head, tail_programs):
     """(lo, hi, stride) of a partials program: it takes items lo, lo + stride, ... below hi (the
     JAX twin's _item_range).
 
     wid is the program among those that take items. The last tail_programs of them (from head on;
     they start last) take the last items, one each; the head programs stride the items before
-    those. A folder takes none (lo = hi = items). SPREAD, with fewer such items than head programs:
-    the head programs that take one are spread evenly among the others (program wid takes item
-    wid * f // head where that differs from program wid - 1's, f the items), so the idle ones
-    are not all at the end of the grid (SPREAD_IDLE); they get lo = hi = items. (wid * f stays
-    below head ** 2, within int32 for grids below 46340 programs.)"""
+    those. A folder takes none (lo = hi = items)."""
     tail_item = items - tail_programs + (wid - head)
     is_tail = wid >= head
     lo = tl.where(folder, items, tl.where(is_tail, tail_item, wid))
     hi = tl.where(folder | (is_tail & (tail_item < 0)), lo, tl.where(is_tail, tail_item + 1, tl.maximum(items - tail_programs, 0)))
     stride = tl.where(is_tail, 1, head)
-    if SPREAD:
-        few = tl.maximum(items - tail_programs, 0)  # the head programs' items
-        f = tl.minimum(few, head)
-        k = wid * f // head
-        first = (wid == 0) | (k != (wid - 1) * f // head)
-        sparse = (few < head) & (wid < head) & ~folder
-        works = first & (k < few)
-        lo = tl.where(sparse, tl.where(works, k, items), lo)
-        hi = tl.where(sparse, tl.where(works, k + 1, items), hi)
     return lo, hi, stride
 
 
@@ -1614,7 +1600,6 @@ class _Config:
     prefetch: bool  # sort path: _partials_kernel loads the next item's record before this item's rows
     record_hint: bool  # sort path: ... after them (RECORD_HINT)
     l1_hint: bool  # with record_hint, ask the record into L1 before the rows (RECORD_L1_HINT; probes turn it on)
-    spread_idle: bool  # sort path: with fewer items than partials programs, the idle ones spread among the others (SPREAD_IDLE)
     tail_programs: int  # sort path: its last programs (but the folders), which take the last items, one each
     fold_programs: int  # sort path: _partials_kernel programs that fold the long runs (0, and on the feature path: _long_runs_kernel does)
     fold_h: int  # columns of one of their items
@@ -1698,7 +1683,6 @@ def _config(problem: Problem, path: str, interpret: bool, sms: int = 4, pdl: boo
         prefetch=True,
         record_hint=RECORD_HINT,
         l1_hint=RECORD_L1_HINT,
-        spread_idle=SPREAD_IDLE,
         tail_programs=0 if feature else TAIL_PROGRAMS_PER_SM * sms,
         fold_programs=fold_programs,
         fold_h=256,
@@ -2081,7 +2065,6 @@ def _partials_stage(plan: _Plan, grad, main_grad, problem: Problem, cfg: _Config
         PREFETCH_EVICT_LAST=cfg.prefetch_evict_last if prefetch else 0,
         KEPT=kept and (prefetch or lone),
         MASKED=masked is not None and cfg.masked_reads,
-        SPREAD=cfg.spread_idle and cfg.path != FEATURE,
     )
     if plan.compact is not None:  # (the masked route: row 0 after the partials kernel, which never touches it)
         _row0_stage(plan, grad, main_grad, problem, cfg, launch, strides)
