@@ -342,6 +342,15 @@ ITEM_RANGE_GRIDS = [(8, 0, 3), (8, 2, 3), (40, 4, 17), (5, 0, 4), (12, 3, 0), (6
 ITEM_RANGE_ITEMS = [0, 1, 2, 3, 7, 50, 333]
 
 
+def item_range_folders(programs: int, folders: int, items: int):
+    """Where both frontends' _item_range tests put the folders: a block of `folders` programs from
+    fold_lo on, somewhere among the programs, as after the long runs' partials. Returns fold_lo and
+    the folder mask over all programs + folders, in grid order."""
+    fold_lo = min(items // 3, programs)
+    p = np.arange(programs + folders)
+    return fold_lo, (p >= fold_lo) & (p < fold_lo + folders)
+
+
 def assert_item_ranges(lo, hi, stride, folder, items: int) -> None:
     """The partials programs' item ranges (each frontend's _item_range), one entry per program in
     grid order: every item once, folders none."""

@@ -30,7 +30,7 @@ import jax_frontend
 from embwgrad_core import FEATURE, FEATURE_PATH_MAX_TOKENS, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MASKED_MERGE_SORT_MAX_TOKENS, MERGE_MAX_BLOCKS, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, SORT, key_packing, make_plan, masked_split, merge_block, merge_tiles, reference
 from embwgrad_core.dtypes import numpy_dtype
 from jax_frontend import embedding_wgrad as ew
-from tests.cases import ITEM_RANGE_GRIDS, ITEM_RANGE_ITEMS, MASKED_ROUTE_EDGES, Case, assert_bits_equal, assert_item_ranges, assert_masked_flags, assert_partials_equal, cpu_cases, gpu_cases, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids, zipf_ids
+from tests.cases import ITEM_RANGE_GRIDS, ITEM_RANGE_ITEMS, MASKED_ROUTE_EDGES, Case, assert_bits_equal, assert_item_ranges, assert_masked_flags, assert_partials_equal, cpu_cases, gpu_cases, item_range_folders, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids, zipf_ids
 
 ON_GPU = jax.default_backend() == "gpu"
 requires_gpu = pytest.mark.skipif(not ON_GPU, reason="needs jax with a GPU backend")
@@ -431,13 +431,12 @@ def test_item_ranges_cover_every_item_once_and_start_inside(programs, folders, t
     from `items` on only (session 22's first tail read before the records when there were fewer
     items than tail programs)."""
     p = jnp.arange(programs + folders, dtype=jnp.int32)
-    fold_lo = min(items // 3, programs)  # the folders somewhere among the programs, as after the long runs' partials
-    folder = (p >= fold_lo) & (p < fold_lo + folders) if folders else jnp.zeros_like(p, dtype=bool)
+    fold_lo, folder = item_range_folders(programs, folders, items)
     q = jnp.where(folder, items, p - (p >= fold_lo + folders).astype(jnp.int32) * folders)
-    lo, hi, stride = ew._item_range(q, folder, jnp.int32(items), programs, tail)
+    lo, hi, stride = ew._item_range(q, jnp.asarray(folder), jnp.int32(items), programs, tail)
     lo, hi, stride = (np.broadcast_to(np.asarray(a), p.shape) for a in (lo, hi, stride))
     assert (lo >= 0).all()
-    assert_item_ranges(lo, hi, stride, np.asarray(folder), items)
+    assert_item_ranges(lo, hi, stride, folder, items)
 
 
 # ----------------------------------------------------------------------------- API

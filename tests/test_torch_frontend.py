@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import torch_frontend
 from embwgrad_core import CHUNK, FEATURE, MASKED_LOOKUP_ID, NROWS, SORT, make_plan, masked_split, reference, torch_path
-from tests.cases import ITEM_RANGE_GRIDS, ITEM_RANGE_ITEMS, Case, assert_bits_equal, assert_item_ranges, assert_partials_equal, assert_masked_flags, core_checked_on_gpu, cpu_cases, gpu_cases, MASKED_ROUTE_EDGES, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids
+from tests.cases import ITEM_RANGE_GRIDS, ITEM_RANGE_ITEMS, Case, assert_bits_equal, assert_item_ranges, assert_partials_equal, assert_masked_flags, core_checked_on_gpu, cpu_cases, gpu_cases, item_range_folders, MASKED_ROUTE_EDGES, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids
 from torch_frontend import embedding_wgrad as ew
 
 HAS_CUDA = torch.cuda.is_available()
@@ -386,12 +386,11 @@ def test_item_ranges_cover_every_item_once(programs, folders, tail, items):
     """The partials programs' item ranges (_item_range; tests.cases.assert_item_ranges, as the JAX
     twin's test); a range that starts below 0 (a tail program with no item) is empty, so the
     record it loads ahead is masked (_load_record masks from hi on)."""
-    head, fold_lo = programs - tail, min(items // 3, programs)
+    fold_lo, folder = item_range_folders(programs, folders, items)
     out = [torch.zeros(programs + folders, dtype=torch.int32) for _ in range(3)]
-    _item_ranges[(programs + folders,)](*out, items, head, tail, fold_lo, folders)
+    _item_ranges[(programs + folders,)](*out, items, programs - tail, tail, fold_lo, folders)
     lo, hi, stride = (t.numpy() for t in out)
     assert (hi <= lo)[lo < 0].all()  # a range starting below 0 is empty (its record load masked)
-    folder = (np.arange(programs + folders) >= fold_lo) & (np.arange(programs + folders) < fold_lo + folders)
     assert_item_ranges(lo, hi, stride, folder, items)
 
 
