@@ -1056,23 +1056,27 @@ def _item_range(q, folder, items, programs, tail: int):
     """(lo, hi, stride) of a partials program: it takes items lo, lo + stride, ... below hi.
 
     q is the program among the `programs` that take items (a folder's q is `items`). Without a
-    tail: q, q + programs, ... below items. With one (as the torch twin), the last `tail`
-    programs (they start last) take the last items, one each, and the others stride the items
-    before those. A program left without an item (a folder, or a tail program when there are
-    fewer items than tail programs) gets lo = hi = items, so that the record it loads ahead is
-    masked (load_record masks w >= items only: a negative item would read before the records,
-    an illegal address on the H200, NOTES v22). Works elementwise on arrays of q (tests).
+    tail: q, q + programs, ... below items. With one (as the torch twin where folders run; here a
+    tail comes only with folders): with more items than programs, the last `tail` programs (they
+    start last) take the last items, one each, and the others stride the items before those; with
+    no more items than programs, the first `items` programs take one each, in order, so that the
+    programs of the long runs' partials start before the folders that wait on them, not behind
+    every program left without an item (NOTES v62). A program left without an item (a folder, or one past the items) gets
+    lo = hi = items, so that the record it loads ahead is masked (load_record masks w >= items
+    only: a negative item would read before the records, an illegal address on the H200, NOTES
+    v22). Works elementwise on arrays of q (tests).
     """
     if not tail:
         return q, items, programs
     head = programs - tail
-    is_tail = q >= head
+    few = items <= programs
+    is_tail = (q >= head) & ~few
     tail_item = items - tail + (q - head)
-    idle = folder | (is_tail & (tail_item < 0))
+    idle = folder | (few & (q >= items))
     lo = jnp.where(idle, items, jnp.where(is_tail, tail_item, q))
-    hi = jnp.where(idle, items, jnp.where(is_tail, tail_item + 1, jnp.maximum(items - tail, 0)))
+    hi = jnp.where(idle, items, jnp.where(few, q + 1, jnp.where(is_tail, tail_item + 1, items - tail)))
     # (jnp.int32 on both: with a bare 1 the Triton lowering gave the select an i1 operand, jax 0.10.2.)
-    stride = jnp.where(is_tail, jnp.int32(1), jnp.int32(head))
+    stride = jnp.where(is_tail | few, jnp.int32(1), jnp.int32(head))
     return lo, hi, stride
 
 

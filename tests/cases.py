@@ -351,13 +351,21 @@ def item_range_folders(programs: int, folders: int, items: int):
     return fold_lo, (p >= fold_lo) & (p < fold_lo + folders)
 
 
-def assert_item_ranges(lo, hi, stride, folder, items: int) -> None:
+def assert_item_ranges(lo, hi, stride, folder, items: int, first: bool = True) -> None:
     """The partials programs' item ranges (each frontend's _item_range), one entry per program in
-    grid order: every item once, folders none."""
+    grid order: every item once, folders none, and (with `first`: the JAX frontend's and, where
+    folders run, the torch frontend's) with no more items than programs the first programs take
+    them, one each, in order."""
     assert (stride >= 1).all()
     taken = np.concatenate([np.arange(a, b, s) for a, b, s in zip(lo, hi, stride)] + [np.zeros(0, int)])
     assert sorted(taken.tolist()) == list(range(items))
     assert (lo[folder] >= hi[folder]).all()  # folders take no item
+    # No more items than programs that take items: the first `items` of those (in grid order) take
+    # one each, in order, so no program without an item starts before one with an item.
+    workers = np.flatnonzero(~np.asarray(folder))
+    if first and items <= workers.size:
+        taken_by = [np.arange(lo[p], hi[p], stride[p]).tolist() for p in workers]
+        assert taken_by == [[k] if k < items else [] for k in range(workers.size)]
 
 
 def assert_partials_equal(stored, sums, path: str, grad_dtype: str) -> None:

@@ -368,12 +368,12 @@ def test_masked_route_lone_tokens(lone):
 
 
 @triton.jit
-def _item_ranges(lo_ptr, hi_ptr, stride_ptr, items, head, tail_programs, fold_lo, folders):
+def _item_ranges(lo_ptr, hi_ptr, stride_ptr, items, head, tail_programs, fold_lo, folders, first):
     """Each program's (lo, hi, stride) from ew._item_range, the folders placed as _partials_kernel places them."""
     pid = tl.program_id(0)
     folder = (pid >= fold_lo) & (pid < fold_lo + folders)
     wid = pid - tl.where(pid >= fold_lo + folders, folders, 0)
-    lo, hi, stride = ew._item_range(wid, folder, items, head, tail_programs)
+    lo, hi, stride = ew._item_range(wid, folder, items, head, tail_programs, first > 0)
     tl.store(lo_ptr + pid, lo)
     tl.store(hi_ptr + pid, hi)
     tl.store(stride_ptr + pid, stride)
@@ -382,16 +382,18 @@ def _item_ranges(lo_ptr, hi_ptr, stride_ptr, items, head, tail_programs, fold_lo
 @cpu_only
 @pytest.mark.parametrize("programs, folders, tail", ITEM_RANGE_GRIDS)
 @pytest.mark.parametrize("items", ITEM_RANGE_ITEMS)
-def test_item_ranges_cover_every_item_once(programs, folders, tail, items):
+@pytest.mark.parametrize("first", [False, True])
+def test_item_ranges_cover_every_item_once(programs, folders, tail, items, first):
     """The partials programs' item ranges (_item_range; tests.cases.assert_item_ranges, as the JAX
-    twin's test); a range that starts below 0 (a tail program with no item) is empty, so the
-    record it loads ahead is masked (_load_record masks from hi on)."""
+    twin's test), with and without `first` (the programs that take items first when they are
+    few, as where folders run); a range that starts below 0 (a tail program with no item) is
+    empty, so the record it loads ahead is masked (_load_record masks from hi on)."""
     fold_lo, folder = item_range_folders(programs, folders, items)
     out = [torch.zeros(programs + folders, dtype=torch.int32) for _ in range(3)]
-    _item_ranges[(programs + folders,)](*out, items, programs - tail, tail, fold_lo, folders)
+    _item_ranges[(programs + folders,)](*out, items, programs - tail, tail, fold_lo, folders, int(first))
     lo, hi, stride = (t.numpy() for t in out)
     assert (hi <= lo)[lo < 0].all()  # a range starting below 0 is empty (its record load masked)
-    assert_item_ranges(lo, hi, stride, folder, items)
+    assert_item_ranges(lo, hi, stride, folder, items, first=first)
 
 
 @pytest.mark.parametrize("n, masked, sort", [(32768, False, "merge"), (32769, False, "torch"), (32769, True, "merge"), (65536, True, "merge"),
