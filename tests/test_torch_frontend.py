@@ -394,6 +394,9 @@ def test_item_ranges_cover_every_item_once(programs, folders, tail, items, first
     lo, hi, stride = (t.numpy() for t in out)
     assert (hi <= lo)[lo < 0].all()  # a range starting below 0 is empty (its record load masked)
     assert_item_ranges(lo, hi, stride, folder, items, first=first)
+    if not first and 0 < items <= tail:  # no folders: the working programs are the last ones (a kernel after starts once all have)
+        taking = (hi > lo)[~folder]
+        assert taking[-items:].all() and not taking[:-items].any()
 
 
 @pytest.mark.parametrize("n, masked, sort", [(32768, False, "merge"), (32769, False, "torch"), (32769, True, "merge"), (65536, True, "merge"),
