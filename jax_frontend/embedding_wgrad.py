@@ -1061,10 +1061,10 @@ def _item_range(q, folder, items, programs, tail: int):
     start last) take the last items, one each, and the others stride the items before those; with
     no more items than programs, the first `items` programs take one each, in order, so that the
     programs of the long runs' partials start before the folders that wait on them, not behind
-    every program left without an item (NOTES v62). A program left without an item (a folder, or one past the items) gets
-    lo = hi = items, so that the record it loads ahead is masked (load_record masks w >= items
-    only: a negative item would read before the records, an illegal address on the H200, NOTES
-    v22). Works elementwise on arrays of q (tests).
+    every program left without an item (NOTES v62). A program left without an item (a folder, or
+    one past the items) gets lo = hi = items, so that the record it loads ahead is masked
+    (load_record masks w >= items only: a negative item would read before the records, an
+    illegal address on the H200, NOTES v22). Works elementwise on arrays of q (tests).
     """
     if not tail:
         return q, items, programs

@@ -1,6 +1,6 @@
-# Sourced by the device scripts (gpu_all.sh, gpu_two.sh, gpu_masked_grid.sh): the repository root as
-# the working directory and on PYTHONPATH, $OUT made, a missing GPU an error for the tests, and JAX
-# allocating GPU memory as it goes (beside torch in the same process or the same GPU).
+# Sourced by the device scripts (gpu_all.sh, gpu_two.sh, gpu_masked_grid.sh, gpu_megatron.sh): the
+# repository root as the working directory and on PYTHONPATH, $OUT made, a missing GPU an error for
+# the tests, and JAX allocating GPU memory as it goes (beside torch in the same process or the same GPU).
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/embwgrad-out}
 mkdir -p "$OUT"
