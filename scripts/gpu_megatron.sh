@@ -4,6 +4,8 @@
 # one process each, every call checked bit for bit by the probe: torch in CUDA graphs beside the
 # dense path on the shard and the floor (plain, zero_rows, masked), then JAX 20 calls unrolled in
 # one jit (zero_rows, plain, masked). Logs land in $OUT; the four tables last.
+# About 450 s whole (session 63: JAX's plain probe needs a little over 200 s, hence its 240 s limit);
+# each probe's time is printed beside its exit status.
 #   run(command="bash scripts/gpu_megatron.sh")
 #   PROBE_POINTS=8192:8,8192:2 bash scripts/gpu_megatron.sh
 #   PARTS=torch_masked,jax_masked bash scripts/gpu_megatron.sh   (some of the four probes)
@@ -15,12 +17,13 @@ run() {  # run NAME TIMEOUT ARGS...: one probe process, its log in $OUT/NAME.log
   local name=$1 limit=$2
   shift 2
   [[ ",$PARTS," == *",$name,"* ]] || return 0
+  local start=$SECONDS
   timeout "$limit" python3 benchmarks/probe_tp.py "$@" > "$OUT/$name.log" 2>&1
-  echo "$name: exit $?"
+  echo "$name: exit $? after $((SECONDS - start)) s (limit $limit)"
 }
 run torch "${TORCH_TIMEOUT:-120}" "default,skip off"
 run torch_masked "${TORCH_TIMEOUT:-120}" --masked default
-run jax "${JAX_TIMEOUT:-200}" --jax --unrolled "default,skip off"
+run jax "${JAX_TIMEOUT:-240}" --jax --unrolled "default,skip off"
 run jax_masked "${JAX_MASKED_TIMEOUT:-170}" --jax --masked --unrolled default
 echo
 echo "== summary (us; torch CUDA graph; JAX 20 calls unrolled in one jit; default = zero_rows, skip off = plain) =="
