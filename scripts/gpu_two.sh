@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The tests that need two devices (JAX under jit with sharded arrays), then benchmarks/sharded_jax.py,
+# The tests that need two devices (JAX under jit with sharded arrays, or on the second device; torch
+# with its tensors on a GPU that is not the current one), then benchmarks/sharded_jax.py,
 # on a machine of two or more GPUs: the device tool's nvidia-h200-x2,
 #   run(kind="nvidia-h200-x2", command="bash scripts/gpu_two.sh")
 # On one GPU those tests skip (tests/test_jax_frontend.py, TWO_DEVICES), so gpu_all.sh never runs
@@ -11,15 +12,20 @@ nvidia-smi -L
 python3 -c "import jax; d = jax.devices(); print(len(d), 'x', d[0].device_kind, 'jax', jax.__version__); assert len(d) >= 2" ||
   { echo "needs two GPUs"; exit 2; }
 timeout -s INT -k 15 "${PYTEST_TIMEOUT:-300}" python3 -m pytest -q -rfEs -p no:cacheprovider \
-  tests/test_jax_frontend.py -k "own_shard or split_by_rows" 2>&1 | tee "$OUT/pytest_two.log"
+  tests/test_jax_frontend.py -k "own_shard or split_by_rows or second_device" 2>&1 | tee "$OUT/pytest_two.log"
 pytest_rc=${PIPESTATUS[0]}
+# torch: tensors on the second GPU while the first is current (its own process: no JAX beside it)
+timeout -s INT -k 15 "${TORCH_TIMEOUT:-200}" python3 -m pytest -q -rfEs -p no:cacheprovider \
+  tests/test_torch_frontend.py -k "not_the_current" 2>&1 | tee "$OUT/pytest_two_torch.log"
+torch_rc=${PIPESTATUS[0]}
 timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/sharded_jax.py 2>&1 | tee "$OUT/sharded.log"
 bench_rc=${PIPESTATUS[0]}
 echo
 echo "== summary =="
-echo "pytest (exit $pytest_rc): $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest_two.log" | tail -1)"
-skips=$(grep -cE '^SKIPPED' "$OUT/pytest_two.log")
+echo "pytest, JAX (exit $pytest_rc): $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest_two.log" | tail -1)"
+echo "pytest, torch (exit $torch_rc): $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest_two_torch.log" | tail -1)"
+skips=$(cat "$OUT/pytest_two.log" "$OUT/pytest_two_torch.log" | grep -cE '^SKIPPED')
 [ "$skips" -eq 0 ] || echo "$skips tests skipped: they did not run on two GPUs"
 echo "sharded_jax.py (exit $bench_rc):"
 sed -n '/^| n |/,$p' "$OUT/sharded.log"
-exit $(( pytest_rc != 0 || bench_rc != 0 || skips != 0 ))
+exit $(( pytest_rc != 0 || torch_rc != 0 || bench_rc != 0 || skips != 0 ))

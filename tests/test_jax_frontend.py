@@ -866,6 +866,22 @@ def test_under_jit_each_device_adds_into_its_own_shard(axes, sharding, route):
 
 
 @TWO_DEVICES
+@pytest.mark.parametrize("names", [("s-zipf-2d", "specials-8192"), ("f-zipf-2d", "feature-zipf-3072")], ids=["sort", "feature"])
+def test_arrays_on_the_second_device(names):
+    """ids, grad and main_grad on jax.devices()[1], not the default device (a process that drives
+    several GPUs by hand): the call runs there and its result stays there, bitwise against the
+    core. (CPU: a small case of the named path on the second host device; GPU: the second GPU.)"""
+    case = next(c for c in (gpu_cases() if ON_GPU else cpu_cases()) if c.name == names[ON_GPU])
+    ids, grad, main_grad = case.arrays()
+    second = jax.devices()[1]
+    out = ew._accumulate(*(jax.device_put(to_jax(a), second) for a in (ids, grad, main_grad)), padding_idx=case.padding_idx,
+                         path=case.path)
+    assert out.devices() == {second}
+    expected = reference.accumulate(ids, grad, main_grad, padding_idx=case.padding_idx, path=case.path)
+    assert_bits_equal(np.asarray(out), expected)
+
+
+@TWO_DEVICES
 @pytest.mark.parametrize("axes", ["auto", "explicit"])
 def test_masked_under_jit_with_main_grad_split_by_rows(axes):
     """masked, split over tokens as ids and grad are, under jax.jit with main_grad split by rows over

@@ -757,6 +757,42 @@ def test_gpu_cuda_graph_and_no_host_sync():
     assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
 
 
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (scripts/gpu_two.sh)")
+
+
+@TWO_GPUS
+@pytest.mark.parametrize("name", ["feature-zipf-3072", "real-zipf-8192-bfloat16", "megatron-tp8-32768"])
+def test_gpu_tensors_on_a_gpu_that_is_not_the_current_one(name):
+    """Every tensor on cuda:1 while cuda:0 is current (a process that drives two GPUs): the call
+    runs on cuda:1 (accumulate enters main_grad's device), allocates nothing on cuda:0, leaves cuda:0
+    current, and gives the dense path's bits there, on either side of the same call on cuda:0
+    (launches are replayed per device: _call_key). The feature path, the merge sort, and the
+    masked route without folders."""
+    case = next(c for c in gpu_cases() if c.name == name)
+    ids, grad = case.ids_and_grad()
+    masked = None
+    if case.zero_positions is not None:
+        masked = np.zeros(case.num_tokens, dtype=bool)
+        masked[case.zero_positions] = True
+    torch.cuda.set_device(0)
+    for device in ("cuda:0", "cuda:1", "cuda:0"):
+        ids_t, grad_t = to_torch(ids, device), to_torch(grad, device)
+        gen = torch.Generator(device=device).manual_seed(case.seed)
+        main_grad = torch.randn(case.num_embeddings, case.hidden, device=device, generator=gen)
+        expected = dense_reference(ids_t, grad_t, main_grad, case.padding)
+        out = main_grad.clone()
+        torch.cuda.synchronize(0)
+        on_current = torch.cuda.memory_allocated(0)
+        torch_frontend.accumulate(ids_t, grad_t, out, padding_idx=case.padding_idx,
+                                  masked=None if masked is None else to_torch(masked, device))
+        assert torch.cuda.current_device() == 0
+        if device == "cuda:1":
+            assert torch.cuda.memory_allocated(0) == on_current, "scratch allocated on the current GPU"
+        torch.cuda.synchronize(device)
+        assert out.device == torch.device(device)
+        assert torch.equal(out.view(torch.int32), expected.view(torch.int32)), device
+
+
 @requires_cuda
 def test_gpu_extra_memory_is_a_few_n_h():
     case = next(c for c in gpu_cases() if c.name == "real-uniform-8192-bfloat16")
