@@ -54,6 +54,14 @@ class Case:
             rows[self.zero_positions] = np.where(rng.random((len(self.zero_positions), 1)) < 0.5, -0.0, 0.0)
         return self.ids.astype(np.int64), grad.astype(numpy_dtype(self.grad_dtype))
 
+    def masked(self) -> np.ndarray | None:
+        """Megatron's input_mask for the case's zero rows (bool [n], True at zero_positions), or None."""
+        if self.zero_positions is None:
+            return None
+        masked = np.zeros(self.num_tokens, bool)
+        masked[self.zero_positions] = True
+        return masked
+
     @property
     def padding(self) -> int:
         """padding_idx normalised: in [0, V), or -1."""

@@ -64,8 +64,7 @@ def test_gpu_masked_same_bits(case: Case):
     zero skip): the masked rows NaN, so that a read shows; JAX's bits are torch's, which
     test_torch_frontend's test_gpu_masked_megatron_bitwise checks against the dense path."""
     ids, grad = case.ids_and_grad()
-    masked = np.zeros(case.num_tokens, bool)
-    masked[case.zero_positions] = True
+    masked = case.masked()
     grad = np.where(masked[:, None], np.asarray(np.nan, grad.dtype), grad)
     gen = torch.Generator(device="cuda").manual_seed(case.seed)
     main_grad = torch.randn(case.num_embeddings, case.hidden, device="cuda", generator=gen).to(TORCH_DTYPES[case.main_grad_dtype])

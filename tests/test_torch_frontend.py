@@ -394,7 +394,7 @@ def test_item_ranges_cover_every_item_once(programs, folders, tail, items, first
     lo, hi, stride = (t.numpy() for t in out)
     assert (hi <= lo)[lo < 0].all()  # a range starting below 0 is empty (its record load masked)
     assert_item_ranges(lo, hi, stride, folder, items, first=first)
-    if not first and 0 < items <= tail:  # no folders: the working programs are the last ones (a kernel after starts once all have)
+    if not first and 0 < items <= tail:  # no folders: the working programs are the last ones (NOTES v62, v64)
         taking = (hi > lo)[~folder]
         assert taking[-items:].all() and not taking[:-items].any()
 
@@ -705,8 +705,7 @@ def test_gpu_masked_megatron_bitwise(case: Case):
     replays the first's launches with its own mask)."""
     ids, grad, ids_t, grad_t, main_grad = gpu_inputs(case)
     expected = dense_reference(ids_t, grad_t, main_grad, case.padding)
-    masked = torch.zeros(case.num_tokens, dtype=torch.bool, device="cuda")
-    masked[torch.from_numpy(case.zero_positions).cuda()] = True
+    masked = to_torch(case.masked())
     poisoned = grad_t.masked_fill(masked[:, None], float("nan"))
     for _ in range(2):
         out = main_grad.clone()
@@ -770,10 +769,7 @@ def test_gpu_tensors_on_a_gpu_that_is_not_the_current_one(name):
     masked route without folders."""
     case = next(c for c in gpu_cases() if c.name == name)
     ids, grad = case.ids_and_grad()
-    masked = None
-    if case.zero_positions is not None:
-        masked = np.zeros(case.num_tokens, dtype=bool)
-        masked[case.zero_positions] = True
+    masked = case.masked()
     torch.cuda.set_device(0)
     for device in ("cuda:0", "cuda:1", "cuda:0"):
         ids_t, grad_t = to_torch(ids, device), to_torch(grad, device)
@@ -781,14 +777,12 @@ def test_gpu_tensors_on_a_gpu_that_is_not_the_current_one(name):
         main_grad = torch.randn(case.num_embeddings, case.hidden, device=device, generator=gen)
         expected = dense_reference(ids_t, grad_t, main_grad, case.padding)
         out = main_grad.clone()
-        torch.cuda.synchronize(0)
         on_current = torch.cuda.memory_allocated(0)
         torch_frontend.accumulate(ids_t, grad_t, out, padding_idx=case.padding_idx,
                                   masked=None if masked is None else to_torch(masked, device))
         assert torch.cuda.current_device() == 0
         if device == "cuda:1":
             assert torch.cuda.memory_allocated(0) == on_current, "scratch allocated on the current GPU"
-        torch.cuda.synchronize(device)
         assert out.device == torch.device(device)
         assert torch.equal(out.view(torch.int32), expected.view(torch.int32)), device
 

@@ -1119,9 +1119,11 @@ def _item_range(wid, folder, items, head, tail_programs, first):
     folders come right after the programs of the long runs' partials, which must then be running
     already, not behind every program left without an item (Megatron's TP 8 masked input at 4096-16384
     tokens: 2-4 us faster, NOTES v62). Without folders the programs without an item stay first:
-    that order measured 8 us slower at 32768 tokens, TP 8, likely because a kernel launched after
-    this one (the long-run kernel, row 0's) starts only once every program here has, so the last
-    programs had better be working ones. A folder takes none (lo = hi = items)."""
+    there the items first measured 8 us slower at 32768 tokens, TP 8 (NOTES v62), and half of
+    them first 4-5 us slower at 24576-32768 (v64), a loss that vanished with the masked route's
+    kept lone tokens off: in this order the lone programs at the grid's front run alone while the
+    programs without an item pass, and items started beside them cost more than they gain. A
+    folder takes none (lo = hi = items)."""
     few = first & (items <= head + tail_programs)
     is_tail = (wid >= head) & ~few
     tail_item = items - tail_programs + (wid - head)
