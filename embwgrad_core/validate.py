@@ -21,12 +21,20 @@ class Problem:
     main_grad_dtype: str
 
 
+def type_name(value) -> str:
+    """The type of value for an error message: builtins by name (int, str), others with their
+    module (numpy.bool, numpy.int64, torch.Tensor), so that numpy's bool is not shown as bool."""
+    kind = type(value)
+    module = kind.__module__.split(".")[0]
+    return kind.__name__ if module == "builtins" else f"{module}.{kind.__name__}"
+
+
 def normalize_padding_idx(padding_idx, num_embeddings: int) -> int:
     """padding_idx as torch.nn.functional.embedding takes it (None, or an int in [-V, V)) -> [0, V) or -1."""
     if padding_idx is None:
         return -1
     if isinstance(padding_idx, bool) or not isinstance(padding_idx, int):
-        raise TypeError(f"padding_idx must be an int or None, got {type(padding_idx).__name__}")
+        raise TypeError(f"padding_idx must be an int or None, got {type_name(padding_idx)}")
     if not -num_embeddings <= padding_idx < num_embeddings:
         raise ValueError(f"padding_idx={padding_idx} must lie in [-{num_embeddings}, {num_embeddings})")
     return padding_idx % num_embeddings

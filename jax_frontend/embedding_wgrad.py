@@ -85,6 +85,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.custom_partitioning import custom_partitioning
@@ -116,7 +117,7 @@ from embwgrad_core import (
     rows_ahead,
     torch_path,
 )
-from embwgrad_core.validate import Problem, check_args, check_masked
+from embwgrad_core.validate import Problem, check_args, check_masked, type_name
 
 #: Lanes (tokens x blocks) per _merge_rank_kernel program on a GPU up to
 #: SMALL_MERGE_LANES_MAX_TOKENS; above, the tiles shared with the torch twin (1024). H200,
@@ -1876,7 +1877,7 @@ def _run_stages(ids, grad, main_grad, problem: Problem, cfg: _Config, masked=Non
 def _check(ids, grad, main_grad, padding_idx) -> Problem:
     for name, x in (("ids", ids), ("grad", grad), ("main_grad", main_grad)):
         if not (hasattr(x, "shape") and hasattr(x, "dtype")):
-            raise TypeError(f"{name} must be a jax.Array, got {type(x).__name__}")
+            raise TypeError(f"{name} must be a jax.Array, got {type_name(x)}")
     problem = check_args(
         ids_shape=ids.shape,
         ids_is_integer=ids.dtype in (jnp.int32, jnp.int64),
@@ -1895,7 +1896,7 @@ def _check(ids, grad, main_grad, padding_idx) -> Problem:
 
 def _check_masked(masked, ids) -> None:
     if not (hasattr(masked, "shape") and hasattr(masked, "dtype")):
-        raise TypeError(f"masked must be a jax.Array or None, got {type(masked).__name__}")
+        raise TypeError(f"masked must be a jax.Array or None, got {type_name(masked)}")
     check_masked(masked_shape=tuple(masked.shape), masked_is_bool=masked.dtype == jnp.bool_, masked_dtype=masked.dtype,
                  ids_shape=tuple(ids.shape))
 
@@ -1905,7 +1906,7 @@ def _accumulate_impl(ids, grad, main_grad, masked=None, *, padding_idx=None, zer
     PyTorch's choice), _Config fields forced by overrides ((field, value), ...)."""
     problem = _check(ids, grad, main_grad, padding_idx)
     if not isinstance(zero_rows, bool):
-        raise TypeError(f"zero_rows must be a bool, got {type(zero_rows).__name__}")
+        raise TypeError(f"zero_rows must be a bool, got {type_name(zero_rows)}")
     if masked is not None:
         _check_masked(masked, ids)
     n, hidden = problem.num_tokens, problem.hidden
@@ -2102,5 +2103,18 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
     Raises TypeError or ValueError, naming the argument, while tracing: main_grad is then
     neither donated nor changed. n == 0 or H == 0 returns main_grad unchanged.
     """
+    ids = _int32_safe(ids)
     traced = any(isinstance(a, jax.core.Tracer) for a in (ids, grad, main_grad, masked))
     return (_accumulate if traced else _accumulate_alone)(ids, grad, main_grad, masked, padding_idx=padding_idx, zero_rows=zero_rows)
+
+
+def _int32_safe(ids):
+    """ids as given, but a NumPy int64 array without jax_enable_x64 with its ids outside int32 made -1.
+
+    jax converts such an array to int32 by wrapping, silently, so an id from 2**31 up (outside
+    [0, V), to be skipped) would become an id in [0, V) and add into its row; -1 is skipped as
+    it is. A jax.Array is int32 already (its ids wrapped, if at all, where it was made)."""
+    if isinstance(ids, np.ndarray) and ids.dtype == np.int64 and not jax.config.jax_enable_x64:
+        info = np.iinfo(np.int32)
+        return np.where((ids < info.min) | (ids > info.max), -1, ids)
+    return ids

@@ -40,6 +40,7 @@ from embwgrad_core import (
 )
 from embwgrad_core.dtypes import bits, round_to
 from embwgrad_core.plan import sanitize_ids, unpack_keys
+from embwgrad_core.validate import normalize_padding_idx, type_name
 from tests.cases import Case, assert_bits_equal, cpu_cases, zipf_ids
 
 BF16 = ml_dtypes.bfloat16
@@ -381,3 +382,11 @@ def test_reference_empty_inputs():
     assert_bits_equal(reference.accumulate(np.zeros((0,), int), np.zeros((0, 4), np.float32), main_grad), main_grad)
     empty_h = np.zeros((3, 0), np.float32)
     assert reference.accumulate(np.array([1, 2]), np.zeros((2, 0), np.float32), empty_h).shape == (3, 0)
+
+
+def test_error_messages_name_the_type_with_its_module():
+    """numpy's bool and integers are not shown as Python's bool and int ("got bool" for np.True_)."""
+    assert [type_name(v) for v in (True, 3, None, "x", np.True_, np.int64(3), np.zeros(1))] == [
+        "bool", "int", "NoneType", "str", f"numpy.{type(np.True_).__name__}", "numpy.int64", "numpy.ndarray"]
+    with pytest.raises(TypeError, match="padding_idx must be an int or None, got numpy.int64"):
+        normalize_padding_idx(np.int64(3), 10)

@@ -527,6 +527,20 @@ def test_int64_ids_under_x64():
             assert_bits_equal(np.asarray(out), expected, f"main_grad ({sort})")
 
 
+def test_numpy_int64_ids_without_x64():
+    """jax converts a NumPy int64 array to int32 by wrapping, silently (2**32 + 3 -> 3): accumulate
+    given such ids skips those outside int32, as every id outside [0, V), rather than adding them
+    into the row they wrap to."""
+    assert not jax.config.jax_enable_x64
+    ids = np.array([3, 2**32 + 3, 7, -(2**32) + 5, 5, 2**40 + 1, 2**31 - 1, 3, -(2**31)])
+    case = Case("wrapping", ids, 12, 8, seed=13)
+    ids, grad, main_grad = case.arrays()
+    expected = reference.accumulate(ids, grad, main_grad)
+    assert not np.array_equal(expected, reference.accumulate(ids.astype(np.int32), grad, main_grad))  # wrapped, they would add
+    out = jax_frontend.accumulate(ids, to_jax(grad), to_jax(main_grad))
+    assert_bits_equal(np.asarray(out), expected)
+
+
 def test_subnormals_kept_on_gpu_flushed_by_xla_cpu():
     """2^-130 + 2^-130 = 2^-129 (SPEC.md "Edges"): the GPU keeps it; XLA:CPU runs with FTZ/DAZ.
 

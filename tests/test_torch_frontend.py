@@ -69,6 +69,25 @@ def run_kernels(case: Case, ids, grad, main_grad):
         ew._launch(ids.reshape(-1), grad, main_grad, problem, case.path)
 
 
+def in_flat_buffer(t: torch.Tensor, offset: int, canary: int = 0x5A):
+    """(view, buffer): t's values in a view at element `offset` of a flat buffer of t's dtype,
+    as Megatron's DDP hands out main_grad (one grad buffer for all parameters, each at its own
+    offset, so its data pointer need not be 16-byte aligned). The buffer's elements around the
+    view hold `canary` bytes, so that a write outside the view shows."""
+    buffer = torch.empty(offset + t.numel() + 40, dtype=t.dtype, device=t.device)
+    buffer.view(torch.uint8).fill_(canary)
+    view = buffer[offset:offset + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view, buffer
+
+
+def assert_canaries_kept(buffer: torch.Tensor, view: torch.Tensor, canary: int = 0x5A) -> None:
+    start = view.storage_offset() - buffer.storage_offset()
+    raw = buffer.view(torch.uint8).reshape(buffer.numel(), -1)
+    outside = torch.cat([raw[:start], raw[start + view.numel():]])
+    assert bool((outside == canary).all()), "a write outside main_grad's view of the buffer"
+
+
 # ----------------------------------------------------------------------------- CPU: interpreter
 
 
@@ -80,6 +99,23 @@ def test_kernels_match_core_reference(case: Case):
     out = to_torch(main_grad)
     run_kernels(case, to_torch(ids), to_torch(grad), out)
     assert_bits_equal(to_numpy(out), expected)
+
+
+@cpu_only
+@pytest.mark.parametrize("name", ["s-zipf-2d", "f-zipf-2d"])
+def test_tensors_at_any_offset_of_a_flat_buffer(name):
+    """ids, grad and main_grad as views at odd element offsets of larger buffers (main_grad as
+    in Megatron's grad buffer): the core's bits, and nothing written outside main_grad's view.
+    The GPU form (test_gpu_tensors_at_any_offset_of_a_flat_buffer) checks the compiled kernels,
+    specialised on 16-byte alignment, and the replayed launches."""
+    case = next(c for c in cpu_cases() if c.name == name)
+    ids, grad, main_grad = case.arrays()
+    expected = reference.accumulate(ids, grad, main_grad, path=case.path)
+    for offsets in ((1, 1, 1), (3, 5, 2)):
+        out, buffer = in_flat_buffer(to_torch(main_grad), offsets[0])
+        run_kernels(case, in_flat_buffer(to_torch(ids), offsets[1])[0], in_flat_buffer(to_torch(grad), offsets[2])[0], out)
+        assert_bits_equal(to_numpy(out), expected)
+        assert_canaries_kept(buffer, out)
 
 
 @cpu_only
@@ -480,6 +516,8 @@ def test_zero_rows_must_be_a_bool():
     before = main_grad.clone()
     with pytest.raises(TypeError, match="zero_rows"):
         torch_frontend.accumulate(ids, grad, main_grad, zero_rows=1)
+    with pytest.raises(TypeError, match="zero_rows must be a bool, got numpy.bool"):
+        torch_frontend.accumulate(ids, grad, main_grad, zero_rows=np.True_)
     assert_bits_equal(to_numpy(main_grad), to_numpy(before))
 
 
@@ -532,6 +570,34 @@ def test_strided_grad_is_not_copied(transpose):
     torch_frontend.accumulate(ids, grad.contiguous(), expected)
     torch_frontend.accumulate(ids, grad, main_grad)
     assert_bits_equal(to_numpy(main_grad), to_numpy(expected))
+
+
+@pytest.mark.parametrize("form", ["slice", "columns", "expanded", "transposed"])
+def test_strided_ids_and_masked(form):
+    """ids and masked given as strided views: every position reads its own id and mask bit (the
+    kernels read them as contiguous arrays; a 1-D slice and a reshape that stays a view once
+    read the wrong elements)."""
+    vocab, hidden = 20, 8
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randint(0, vocab, (6, 10), generator=gen)
+    bits = torch.rand(6, 10, generator=gen) < 0.4
+    view = {
+        "slice": lambda t: t.reshape(-1)[::2],  # [30], stride 2
+        "columns": lambda t: t[:, ::2],  # [6, 5]: reshape(-1) is a view of stride 2
+        "expanded": lambda t: t[2, 3].expand(4, 5),  # one id (and one mask bit) at stride 0
+        "transposed": lambda t: t.t(),  # [10, 6]
+    }[form]
+    ids, masked = view(base).to(DEVICE), view(bits).to(DEVICE)
+    assert not ids.is_contiguous() and not masked.is_contiguous()
+    grad = torch.randn(*ids.shape, hidden, generator=gen).bfloat16().to(DEVICE)
+    main_grad = torch.randn(vocab, hidden, generator=gen).to(DEVICE)
+    for mask in (None, masked):
+        out, expected = main_grad.clone(), main_grad.clone()
+        torch_frontend.accumulate(ids, grad, out, masked=mask)
+        torch_frontend.accumulate(ids.contiguous(), grad, expected, masked=None if mask is None else mask.contiguous())
+        assert_bits_equal(to_numpy(out), to_numpy(expected))
+        if mask is None:
+            assert_bits_equal(to_numpy(out), reference.accumulate(to_numpy(ids).astype(np.int64), to_numpy(grad), to_numpy(main_grad)))
 
 
 def test_three_strided_dims_fall_back_to_a_copy():
@@ -727,6 +793,29 @@ def test_gpu_replayed_launches_give_the_same_bits():
     torch_frontend.accumulate(ids_t, grad_t, second)
     assert torch.equal(first.view(torch.int32), second.view(torch.int32))
     assert torch.equal(second.view(torch.int32), dense_reference(ids_t, grad_t, main_grad, -1).view(torch.int32))
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["feature-zipf-3072", "real-zipf-8192-bfloat16", "megatron-tp8-32768"])
+def test_gpu_tensors_at_any_offset_of_a_flat_buffer(name):
+    """main_grad as a view into a flat buffer at an element offset, as Megatron's DDP gives it
+    (its data pointer 4-12 bytes past 16-byte alignment), and ids, grad and masked at odd offsets
+    too: the dense path's bits and nothing written outside the view (feature path, merge sort with
+    the L2 prefetch and lone tokens, the masked route). Triton specialises pointers on 16-byte
+    alignment, so alignment is part of the launch key (_call_key): the offsets alternate, so that
+    each key's recorded launches are replayed after another key's call. Two misaligned forms:
+    main_grad alone (Megatron's case) and every tensor (two more compilations of each kernel)."""
+    case = next(c for c in gpu_cases() if c.name == name)
+    ids, grad, ids_t, grad_t, main_grad = gpu_inputs(case)
+    masked = case.masked()
+    masked_t = None if masked is None else to_torch(masked)
+    expected = dense_reference(ids_t, grad_t, main_grad, case.padding)
+    for offsets in ((0, 0, 0, 0), (1, 0, 0, 0), (0, 0, 0, 0), (3, 1, 3, 5), (2, 0, 0, 0), (1, 3, 1, 1)):
+        out, buffer = in_flat_buffer(main_grad, offsets[0])
+        torch_frontend.accumulate(in_flat_buffer(ids_t, offsets[1])[0], in_flat_buffer(grad_t, offsets[2])[0], out,
+                                  padding_idx=case.padding_idx, masked=None if masked_t is None else in_flat_buffer(masked_t, offsets[3])[0])
+        assert torch.equal(out.view(torch.int32), expected.view(torch.int32)), offsets
+        assert_canaries_kept(buffer, out)
 
 
 @requires_cuda

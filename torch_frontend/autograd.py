@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from embwgrad_core.validate import normalize_padding_idx
+from embwgrad_core.validate import normalize_padding_idx, type_name
 
 from .embedding_wgrad import _check_masked, accumulate
 
@@ -89,7 +89,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None, zero
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise ValueError(f"weight must be a 2-D torch.Tensor [V, H], got {getattr(weight, 'shape', type(weight).__name__)}")
     if not isinstance(zero_rows, bool):
-        raise TypeError(f"zero_rows must be a bool, got {type(zero_rows).__name__}")
+        raise TypeError(f"zero_rows must be a bool, got {type_name(zero_rows)}")
     if masked is not None:
         _check_masked(masked, ids)
     return _Embedding.apply(ids, weight, normalize_padding_idx(padding_idx, weight.shape[0]), zero_rows, masked)

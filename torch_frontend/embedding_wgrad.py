@@ -83,7 +83,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, COMPACT_BLOCK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ROW0_BLOCK_H, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, masked_partial_programs_per_sm, merge_block, merge_sorted, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
 from embwgrad_core import reference as core_reference
 from embwgrad_core.dtypes import ROUNDING_CODE
-from embwgrad_core.validate import Problem, check_args, check_masked
+from embwgrad_core.validate import Problem, check_args, check_masked, type_name
 
 #: Merge sort up to MERGE_WINDOW_MAX_TOKENS: the merge compares each token with the last key of
 #: every MERGE_WINDOW-key window of each block first, then searches the one window left. H200,
@@ -2161,7 +2161,7 @@ def _interpreting() -> bool:
 def _check(ids, grad, main_grad, padding_idx) -> Problem:
     for name, t in (("ids", ids), ("grad", grad), ("main_grad", main_grad)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"{name} must be a torch.Tensor, got {type_name(t)}")
     shapes = (tuple(ids.shape), ids.dtype, tuple(grad.shape), grad.dtype, tuple(main_grad.shape), main_grad.dtype)
     if padding_idx is None or type(padding_idx) is int:
         problem = _checked(*shapes, padding_idx)  # the same arguments again: a dictionary lookup
@@ -2243,7 +2243,7 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
 
     Only the rows of ids are read and written: rows of ids that do not occur, of
     padding_idx, and of ids outside [0, V) (which are skipped, not checked: a check would
-    synchronise with the host) keep their bits. On CUDA the work is three or four Triton launches on
+    synchronise with the host) keep their bits. On CUDA the work is three to seven Triton launches on
     the current stream with no host synchronisation, so it can be captured in a CUDA graph.
     On CPU it runs the core's NumPy reference (or the kernels under TRITON_INTERPRET=1).
     Inside torch.compile it is a graph break: Dynamo runs it as it is instead of tracing the
@@ -2253,7 +2253,7 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
     """
     problem = _check(ids, grad, main_grad, padding_idx)
     if not isinstance(zero_rows, bool):
-        raise TypeError(f"zero_rows must be a bool, got {type(zero_rows).__name__}")
+        raise TypeError(f"zero_rows must be a bool, got {type_name(zero_rows)}")
     if masked is not None:
         _check_masked(masked, ids)
     if problem.num_tokens == 0 or problem.hidden == 0:
@@ -2261,9 +2261,11 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
     path = torch_path(problem.num_tokens)
     if _uses_kernels(main_grad.device):
         other_device = main_grad.is_cuda and main_grad.device.index != torch.cuda.current_device()
-        flat = None if masked is None else masked.reshape(-1).view(torch.uint8)
+        # The kernels read ids and masked at position p as element p: a strided view (ids[::2],
+        # an expanded id, a reshape that stays a view) is made contiguous first; grad's strides are the kernels' own.
+        flat = None if masked is None else masked.reshape(-1).contiguous().view(torch.uint8)
         with torch.cuda.device(main_grad.device) if other_device else contextlib.nullcontext():
-            _launch(ids if ids.dim() == 1 else ids.reshape(-1), grad, main_grad, problem, path, zero_rows or masked is not None, flat)
+            _launch((ids if ids.dim() == 1 else ids.reshape(-1)).contiguous(), grad, main_grad, problem, path, zero_rows or masked is not None, flat)
     else:
         if masked is not None:  # (these routes read every row: the masked ones zeroed first)
             grad = grad.masked_fill(masked[..., None], 0)
@@ -2275,7 +2277,7 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
 
 def _check_masked(masked, ids) -> None:
     if not isinstance(masked, torch.Tensor):
-        raise TypeError(f"masked must be a torch.Tensor or None, got {type(masked).__name__}")
+        raise TypeError(f"masked must be a torch.Tensor or None, got {type_name(masked)}")
     check_masked(masked_shape=tuple(masked.shape), masked_is_bool=masked.dtype == torch.bool, masked_dtype=masked.dtype,
                  ids_shape=tuple(ids.shape))
     if masked.device != ids.device:
