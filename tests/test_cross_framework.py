@@ -18,7 +18,7 @@ import torch_frontend
 from tests.cases import Case, assert_bits_equal, cpu_cases, gpu_cases
 from tests.test_jax_frontend import assert_rows_equal_on_device, to_jax
 from tests.test_jax_frontend import run_kernels as run_jax
-from tests.test_torch_frontend import TORCH_DTYPES, to_numpy, to_torch
+from tests.test_torch_frontend import TORCH_DTYPES, dense_reference, to_numpy, to_torch
 from tests.test_torch_frontend import run_kernels as run_torch
 
 ON_BOTH_GPUS = torch.cuda.is_available() and jax.default_backend() == "gpu"
@@ -73,4 +73,29 @@ def test_gpu_masked_same_bits(case: Case):
     out = jax_frontend.accumulate(to_jax(ids), to_jax(grad), main_grad_jax, masked=to_jax(masked))
     torch.cuda.synchronize()
     assert not bool(torch.isnan(main_grad).any())
+    assert_rows_equal_on_device(out, jax.dlpack.from_dlpack(main_grad), what="jax vs torch")
+
+
+# grad of more than 2**31 elements (4.3 GB of bf16; byte offsets past 2**32): the merge sort, the
+# library sort (above MERGE_SORT_MAX_TOKENS) and the feature path (n <= 3072), each with a long
+# run whose partials lie far into scratch. (n, H, V); every n * H > 2**31.
+HUGE_GRADS = [(32768, 65537, 3000), (2**19, 4099, 20000), (3072, 699053, 64)]
+
+
+@requires_gpus
+@pytest.mark.parametrize("n, hidden, vocab", HUGE_GRADS, ids=lambda v: str(v))
+def test_gpu_grad_of_more_than_2_31_elements(n, hidden, vocab):
+    """Every address in 64 bits: torch against the dense path, JAX against torch, bit for bit."""
+    assert n * hidden > 2**31
+    gen = torch.Generator(device="cuda").manual_seed(n)
+    ids = torch.randint(0, vocab, (n,), device="cuda", generator=gen, dtype=torch.int32)
+    ids[::7] = 1  # a run of n / 7 tokens
+    grad = torch.randn(n, hidden, device="cuda", generator=gen, dtype=torch.bfloat16)
+    main_grad = torch.randn(vocab, hidden, device="cuda", generator=gen)
+    main_grad_jax = jnp.array(jax.dlpack.from_dlpack(main_grad), copy=True)
+    expected = dense_reference(ids, grad, main_grad, -1)
+    torch_frontend.accumulate(ids, grad, main_grad)
+    assert torch.equal(main_grad.view(torch.int32), expected.view(torch.int32))
+    del expected
+    out = jax_frontend.accumulate(jax.dlpack.from_dlpack(ids), jax.dlpack.from_dlpack(grad), main_grad_jax)
     assert_rows_equal_on_device(out, jax.dlpack.from_dlpack(main_grad), what="jax vs torch")
