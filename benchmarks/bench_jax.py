@@ -91,10 +91,10 @@ def main(argv=None):
                 after = np.asarray(main_grad[rows])
                 exact = exact_rows(ids_np, np.asarray(grad).view(ml_dtypes.bfloat16), before, after, vocab)
             ms, main_grad = chain_ms(lambda mg: jax_frontend.accumulate(ids, grad, mg), main_grad)
-            records.append(Record("jax", "embwgrad", n, dist, ms, exact=exact, note=torch_path(n)))
+            records.append(Record("jax", "embwgrad", n, dist, ms, exact=exact, note=torch_path(n), device="gpu" if ON_GPU else "cpu"))
             if ON_GPU:
                 ms, main_grad = chain_ms(lambda mg: scatter(mg, ids, grad), main_grad)
-                records.append(Record("jax", "xla_scatter", n, dist, ms))
+                records.append(Record("jax", "xla_scatter", n, dist, ms, device="gpu"))
     write(records, args.json)
 
 

@@ -149,7 +149,7 @@ def main(argv=None):
                 exact = bool((out.numpy().view(np.int32) == expected.view(np.int32)).all()) and exact_first
             del out
             work = main_grad.clone()
-            rec = lambda series, ms, **kw: records.append(Record("torch", series, n, dist, ms, **kw))  # noqa: E731
+            rec = lambda series, ms, **kw: records.append(Record("torch", series, n, dist, ms, device="gpu" if ON_GPU else "cpu", **kw))  # noqa: E731
             rec("embwgrad", median_ms(lambda: torch_frontend.accumulate(ids, grad, work)), exact=exact, note=torch_path(n))
             print(f"  embwgrad n={n} {dist}: {records[-1].ms:.4f} ms exact={exact}", flush=True)
             if ON_GPU:

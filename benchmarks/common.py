@@ -30,6 +30,7 @@ class Record:
     ms: float  #: median milliseconds
     exact: bool | None = None  #: bitwise equal to the reference (None: not checked, or not meant to be)
     note: str = ""
+    device: str = ""  #: "gpu", or "cpu" (the kernels in the interpreters: times say nothing of a GPU)
 
 
 def ids_for(dist: str, n: int, vocab: int) -> np.ndarray:

@@ -124,13 +124,18 @@ def plot_on(ax, records: list[dict], title: str, legend: bool = True) -> None:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", default=os.path.join(HERE, "results.json"))
-    p.add_argument("--png", default=os.path.join(HERE, "results.png"))
+    p.add_argument("--json", help="default: benchmarks/results.json from a GPU, results-cpu.json from the interpreters")
+    p.add_argument("--png", help="default: benchmarks/results.png from a GPU, results-cpu.png from the interpreters")
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     args, passthrough = p.parse_known_args()
     records = []
     for fw in args.frameworks.split(","):
         records += run_framework(fw, passthrough)
+    # The README's table and plot are drawn from results.json and results.png: a run on a CPU
+    # (interpreter times) writes beside them, git-ignored, rather than over them.
+    on_gpu = any(r.get("device") == "gpu" for r in records)
+    args.json = args.json or os.path.join(HERE, "results.json" if on_gpu else "results-cpu.json")
+    args.png = args.png or os.path.join(HERE, "results.png" if on_gpu else "results-cpu.png")
     with open(args.json, "w") as f:
         json.dump(records, f, indent=1)
     plot(records, args.png)
