@@ -1,0 +1,147 @@
+"""torch_frontend.megatron against megatron-core's own VocabParallelEmbedding.
+
+TP 1 and 2 (one process per rank: gloo on CPU, NCCL on GPUs, where TP 2 needs two), with and
+without reduce_scatter_embeddings (sequence parallel), fp32 and bf16 parameters. On each rank the
+stock module and a copy given embwgrad's forward run the same ids and upstream gradient: the
+outputs must be bitwise equal, and the copy's main_grad bitwise equal to the core reference given
+the gradient that reached the stock module's F.embedding (with the other ranks' tokens' rows
+zeroed by Megatron). On a GPU also to main_grad plus the stock module's weight.grad, as Megatron's
+DDP would add it (CUDA's embedding_dense_backward, deterministic); on a CPU the stock grad is CPU
+PyTorch's (index_add_ order), not the reference. On a GPU the ids are 8192 tokens, so that TP 2
+takes the masked route of the merge sort; on a CPU (the interpreters) 120. Needs megatron-core (the
+`megatron` extra; .ci/run installs it and sets EMBWGRAD_REQUIRE_MEGATRON=1, so that CI cannot
+skip these).
+"""
+
+import contextlib
+import os
+import socket
+import types
+
+import numpy as np
+import pytest
+import torch
+
+try:
+    from megatron.core import ModelParallelConfig, parallel_state
+    from megatron.core.tensor_parallel.layers import VocabParallelEmbedding
+except ImportError as e:
+    if os.environ.get("EMBWGRAD_REQUIRE_MEGATRON") == "1":
+        raise
+    pytest.skip(f"megatron-core is not installed (pip install -e '.[megatron]'): {e}", allow_module_level=True)
+
+import torch_frontend.megatron as tfm
+from embwgrad_core import reference
+from tests.cases import assert_bits_equal, zipf_ids
+from tests.test_torch_frontend import to_numpy
+
+HAS_CUDA = torch.cuda.is_available()
+VOCAB, HIDDEN = (4096, 256) if HAS_CUDA else (64, 24)
+BATCH, SEQ = (4, 2048) if HAS_CUDA else (3, 40)
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _lookup_gradient(captured: list):
+    """F.embedding's output records the gradient that reaches it (the stock module's lookup)."""
+    real = torch.nn.functional.embedding
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out.register_hook(lambda g: captured.append(g.detach().clone()))
+        return out
+
+    torch.nn.functional.embedding = spy
+    try:
+        yield
+    finally:
+        torch.nn.functional.embedding = real
+
+
+def _rank(rank: int, world: int, port: int, sequence_parallel: bool, dtype: torch.dtype):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if HAS_CUDA:
+        torch.cuda.set_device(rank)
+    else:  # Megatron's reduce-scatter allocates its output on torch.cuda.current_device()
+        torch.cuda.current_device = lambda: "cpu"
+    device = f"cuda:{rank}" if HAS_CUDA else "cpu"
+    torch.distributed.init_process_group("nccl" if HAS_CUDA else "gloo", rank=rank, world_size=world)
+    try:
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+        config = ModelParallelConfig(tensor_model_parallel_size=world, sequence_parallel=sequence_parallel,
+                                     use_cpu_initialization=not HAS_CUDA, params_dtype=dtype)
+        make = lambda: VocabParallelEmbedding(VOCAB, HIDDEN, init_method=torch.nn.init.normal_, config=config,  # noqa: E731
+                                              reduce_scatter_embeddings=sequence_parallel)
+        stock, ours = make(), make()
+        with torch.no_grad():
+            ours.weight.copy_(stock.weight)
+        assert tfm.use_embwgrad(ours) == 1
+        assert isinstance(ours.forward, types.MethodType) and ours.forward.__func__ is tfm.vocab_parallel_forward
+
+        # Zipf ids over the whole vocabulary: long runs at both shards' first rows, and every rank's
+        # row 0 holds real tokens besides the other shard's (looked up as 0 there).
+        ids = torch.from_numpy(zipf_ids(BATCH * SEQ, VOCAB, seed=5).reshape(BATCH, SEQ))
+        ids[0, :4] = torch.tensor([0, VOCAB // 2, 0, VOCAB // 2])
+        ids = ids.to(device)
+        main_grad = torch.randn(ours.weight.shape, generator=torch.Generator().manual_seed(7)).to(device)
+        ours.weight.main_grad = main_grad.clone()
+        ours.weight.grad_added_to_main_grad = False  # as Megatron's DDP sets it
+
+        captured = []
+        with _lookup_gradient(captured):
+            out_stock = stock(ids)
+        out_ours = ours(ids)
+        assert out_ours.shape == out_stock.shape and out_ours.dtype == out_stock.dtype
+        assert torch.equal(out_ours.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                           out_stock.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+        # The same upstream gradient on every rank where the output is replicated, the rank's own
+        # sequence slice's where it is scattered.
+        upstream = torch.randn(out_stock.shape, generator=torch.Generator().manual_seed(11 + (rank if sequence_parallel else 0)))
+        upstream = upstream.to(device, dtype)
+        torch.use_deterministic_algorithms(True)  # the stock lookup's backward: CUDA's deterministic path
+        out_stock.backward(upstream)
+        torch.use_deterministic_algorithms(False)
+        out_ours.backward(upstream)
+
+        (lookup_grad,) = captured
+        start = stock.vocab_start_index
+        local = ids - start
+        local[(ids < start) | (ids >= stock.vocab_end_index)] = 0  # Megatron's masked_input
+        if world > 1:
+            assert bool((lookup_grad[(local == 0) & (ids != start)] == 0).all())  # Megatron zeroed the other ranks' rows
+        expected = reference.accumulate(to_numpy(local), to_numpy(lookup_grad), to_numpy(main_grad))
+        assert_bits_equal(to_numpy(ours.weight.main_grad), expected, f"main_grad, rank {rank}")
+        assert ours.weight.grad_added_to_main_grad is True
+        if HAS_CUDA:  # as Megatron's DDP adds the stock grad into main_grad (main_grad holds no -0)
+            assert torch.equal(ours.weight.main_grad.view(torch.int32), main_grad.add_(stock.weight.grad).view(torch.int32))
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("world, sequence_parallel, dtype", [
+    (1, False, torch.float32),
+    (2, False, torch.float32),
+    (2, True, torch.float32),
+    (2, True, torch.bfloat16),
+], ids=lambda v: str(v).replace("torch.", ""))
+def test_vocab_parallel_embedding_against_megatrons(world, sequence_parallel, dtype):
+    if HAS_CUDA and torch.cuda.device_count() < world:
+        pytest.skip(f"TP {world} needs {world} GPUs (scripts/gpu_two.sh)")
+    torch.multiprocessing.spawn(_rank, args=(world, _free_port(), sequence_parallel, dtype), nprocs=world)
+
+
+def test_use_embwgrad_rejects_a_model_without_one():
+    with pytest.raises(ValueError, match="no megatron.core VocabParallelEmbedding"):
+        tfm.use_embwgrad(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        tfm.use_embwgrad(object())
+    module = VocabParallelEmbedding.__new__(VocabParallelEmbedding)
+    torch.nn.Module.__init__(module)
+    with pytest.raises(TypeError, match="has no tp_group"):
+        tfm.use_embwgrad(module)

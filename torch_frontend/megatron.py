@@ -1,0 +1,76 @@
+"""Megatron-LM's ``VocabParallelEmbedding`` with embwgrad's backward (megatron-core >= 0.16).
+
+    from torch_frontend.megatron import use_embwgrad
+    use_embwgrad(model)   # every VocabParallelEmbedding in model; returns how many
+
+Each such module's forward becomes Megatron's own (``VocabParallelEmbedding.forward`` of
+megatron-core 0.16) with the lookup replaced by ``torch_frontend.embedding(masked_input, weight,
+masked=input_mask)``: the same output, bit for bit, and a backward that adds into
+``weight.main_grad`` (Megatron's DDP gives every parameter one) only the rows of the tokens of
+this rank's shard, never reading the other ranks' tokens' gradient rows, with the bits that
+``F.embedding``'s backward (``embedding_dense_backward``, deterministic, on CUDA) would give
+Megatron's DDP there. With TP = 1 there is no mask. The rest of the forward is Megatron's: the
+all-reduce, or with ``reduce_scatter_embeddings`` the transpose to [s, b, h] and the
+reduce-scatter over the sequence, through Megatron's own mappings and the module's ``tp_group``.
+
+Two differences from the stock forward, neither in the output: the mask is applied with
+``masked_fill_`` where Megatron indexes with a boolean mask (which on CUDA synchronises with the
+host), and ``deterministic_mode`` (where Megatron looks up ``weight[masked_input]``, whose
+backward sums each id's rows in one sequence) gets ``F.embedding``'s bits, which are
+deterministic too but differ from that mode's for ids that occur more than 10 times.
+
+Tested on CPU with megatron-core at TP 1 and 2 (two processes over gloo), with and without
+``reduce_scatter_embeddings``, fp32 and bf16 parameters, against the stock module: the output
+bitwise, and main_grad bitwise against the core reference given the gradient that reached the
+stock module's lookup (tests/test_megatron.py).
+"""
+
+import types
+
+import torch
+
+from .autograd import embedding
+
+__all__ = ["use_embwgrad", "vocab_parallel_forward"]
+
+#: What the forward reads off a VocabParallelEmbedding (megatron-core 0.16's names).
+_ATTRIBUTES = ("tp_group", "vocab_start_index", "vocab_end_index", "reduce_scatter_embeddings", "weight")
+
+
+def vocab_parallel_forward(self, input_: torch.Tensor) -> torch.Tensor:
+    """``VocabParallelEmbedding.forward`` (megatron-core 0.16) with embwgrad's lookup; self is the module."""
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region, reduce_scatter_to_sequence_parallel_region
+
+    group = self.tp_group
+    if group.size() > 1:
+        input_mask = (input_ < self.vocab_start_index) | (input_ >= self.vocab_end_index)
+        masked_input = (input_ - self.vocab_start_index).masked_fill_(input_mask, 0)
+    else:
+        input_mask, masked_input = None, input_
+    output_parallel = embedding(masked_input, self.weight, masked=input_mask)  # zero at masked tokens, as Megatron's
+    if self.reduce_scatter_embeddings:
+        output_parallel = output_parallel.transpose(0, 1).contiguous()  # [b, s, h] -> [s, b, h]
+        return reduce_scatter_to_sequence_parallel_region(output_parallel, group=group)
+    return reduce_from_tensor_model_parallel_region(output_parallel, group=group)
+
+
+def use_embwgrad(model: torch.nn.Module) -> int:
+    """Give every ``VocabParallelEmbedding`` in model (itself included) embwgrad's forward.
+
+    Returns how many modules it changed. Raises ValueError if there is none, or TypeError naming
+    the attribute if a module lacks one that the forward reads (another megatron-core version).
+    """
+    from megatron.core.tensor_parallel.layers import VocabParallelEmbedding
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    found = [m for m in model.modules() if isinstance(m, VocabParallelEmbedding)]
+    if not found:
+        raise ValueError(f"model holds no megatron.core VocabParallelEmbedding ({type(model).__name__})")
+    for module in found:
+        missing = [a for a in _ATTRIBUTES if not hasattr(module, a)]
+        if missing:
+            raise TypeError(f"this VocabParallelEmbedding has no {', '.join(missing)}: embwgrad's forward follows megatron-core 0.16's")
+    for module in found:
+        module.forward = types.MethodType(vocab_parallel_forward, module)
+    return len(found)
