@@ -65,6 +65,20 @@ def test_adds_into_main_grad_over_micro_batches(padding_idx, zero_rows):
     assert weight.grad is None  # without Megatron's flag autograd gets nothing
 
 
+def test_overwrite_main_grad_gets_the_dense_gradient():
+    """Megatron-FSDP marks its parameters overwrite_main_grad (a fused layer must overwrite the bucket
+    it fetches; main_grad may be a stale view): main_grad is left alone and autograd gets F.embedding's
+    own gradient, which FSDP's hook copies into the bucket."""
+    ids, weight, grad_out, main_grad = _inputs()
+    theirs = weight.detach().clone().requires_grad_()
+    weight.main_grad, weight.overwrite_main_grad, weight.grad_added_to_main_grad = main_grad.clone(), True, False
+    torch_frontend.embedding(ids, weight).backward(grad_out)
+    F.embedding(ids, theirs).backward(grad_out)
+    _assert_same(weight.grad, theirs.grad, "weight.grad")
+    _assert_same(weight.main_grad, main_grad, "main_grad (untouched)")
+    assert weight.grad_added_to_main_grad is False
+
+
 @pytest.mark.parametrize("with_main_grad", [True, False])
 def test_masked_tokens_look_up_zeros(with_main_grad):
     """masked (Megatron's input_mask): the forward zeroes those output rows, as VocabParallelEmbedding

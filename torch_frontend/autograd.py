@@ -15,6 +15,9 @@ fuse their weight-gradient accumulation (``LinearWithGradAccumulationAndAsyncCom
   as it was, and nothing else is added anywhere.
 - No ``main_grad``: autograd gets the dense gradient, ``embedding_dense_backward`` as
   ``F.embedding``'s own backward computes it, so the function behaves exactly like ``F.embedding``.
+- ``weight.overwrite_main_grad`` True (Megatron-FSDP sets it on its parameters: a fused layer must
+  then overwrite the gradient bucket it fetches, not add into ``main_grad``, which may be a stale
+  view): the same, the dense gradient for Megatron-FSDP's hook to copy; nothing is added anywhere.
 
 The dummy is a transient ``[V, H]`` allocation from the caching allocator, as in Megatron's own
 layers (its hook drops it at once); nothing writes it. Double backward is not supported.
@@ -47,7 +50,7 @@ class _Embedding(torch.autograd.Function):
         if not ctx.needs_input_grad[1]:
             return None, None, None, None, None
         main_grad = getattr(weight, "main_grad", None)
-        if main_grad is None:
+        if main_grad is None or getattr(weight, "overwrite_main_grad", False):
             if masked is not None:  # the masked outputs are constants: no gradient flows from them
                 grad_output = grad_output.masked_fill(masked[..., None], 0)
             dense = torch.ops.aten.embedding_dense_backward(grad_output, ids, weight.shape[0], ctx.pad, False)
