@@ -12,6 +12,8 @@ this rank's shard, never reading the other ranks' tokens' gradient rows, with th
 Megatron's DDP there. With TP = 1 there is no mask. The rest of the forward is Megatron's: the
 all-reduce, or with ``reduce_scatter_embeddings`` the transpose to [s, b, h] and the
 reduce-scatter over the sequence, through Megatron's own mappings and the module's ``tp_group``.
+Under Megatron-FSDP (parameters marked ``overwrite_main_grad``) the backward is ``F.embedding``'s
+own dense gradient, as without embwgrad (torch_frontend.autograd).
 
 Two differences from the stock forward, neither in the output: the mask is applied with
 ``masked_fill_`` where Megatron indexes with a boolean mask (which on CUDA synchronises with the
