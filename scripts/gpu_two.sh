@@ -18,14 +18,22 @@ pytest_rc=${PIPESTATUS[0]}
 timeout -s INT -k 15 "${TORCH_TIMEOUT:-200}" python3 -m pytest -q -rfEs -p no:cacheprovider \
   tests/test_torch_frontend.py -k "not_the_current" 2>&1 | tee "$OUT/pytest_two_torch.log"
 torch_rc=${PIPESTATUS[0]}
+# Megatron's VocabParallelEmbedding at TP 1 and 2 over NCCL, where the call carried .megatron/ (scripts/device_megatron.sh)
+megatron_rc=0
+if [ -d .megatron ]; then
+  timeout -s INT -k 15 "${MEGATRON_TIMEOUT:-200}" python3 -m pytest -q -rfEs -p no:cacheprovider \
+    tests/test_megatron.py 2>&1 | tee "$OUT/pytest_two_megatron.log"
+  megatron_rc=${PIPESTATUS[0]}
+fi
 timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/sharded_jax.py 2>&1 | tee "$OUT/sharded.log"
 bench_rc=${PIPESTATUS[0]}
 echo
 echo "== summary =="
 echo "pytest, JAX (exit $pytest_rc): $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest_two.log" | tail -1)"
 echo "pytest, torch (exit $torch_rc): $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest_two_torch.log" | tail -1)"
-skips=$(cat "$OUT/pytest_two.log" "$OUT/pytest_two_torch.log" | grep -cE '^SKIPPED')
+[ -d .megatron ] && echo "pytest, Megatron (exit $megatron_rc): $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest_two_megatron.log" | tail -1)"
+skips=$(cat "$OUT"/pytest_two*.log | grep -cE '^SKIPPED')
 [ "$skips" -eq 0 ] || echo "$skips tests skipped: they did not run on two GPUs"
 echo "sharded_jax.py (exit $bench_rc):"
 sed -n '/^| n |/,$p' "$OUT/sharded.log"
-exit $(( pytest_rc != 0 || torch_rc != 0 || bench_rc != 0 || skips != 0 ))
+exit $(( pytest_rc != 0 || torch_rc != 0 || megatron_rc != 0 || bench_rc != 0 || skips != 0 ))
