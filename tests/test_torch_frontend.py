@@ -722,6 +722,15 @@ def test_replay_launches_each_call_with_its_own_tensors(monkeypatch):
         ew._Replay(launcher, ids, grad, main_grad, copy_grad=False)
 
 
+def test_replayed_calls_kept_are_bounded(monkeypatch):
+    """With a token count that varies per call, every n is a key: the oldest go beyond CALLS_KEPT."""
+    monkeypatch.setattr(ew, "_CALLS", {})
+    monkeypatch.setattr(ew, "CALLS_KEPT", 3)
+    for key in "abcde":
+        ew._keep_call(key, key.upper())
+    assert ew._CALLS == {"c": "C", "d": "D", "e": "E"}
+
+
 # ----------------------------------------------------------------------------- GPU
 
 

@@ -1797,7 +1797,18 @@ class _Replay:
             compiled[grid](*args, stream=stream)
 
 
-_CALLS = {}  # _call_key -> _Replay
+_CALLS = {}  # _call_key -> _Replay, at most CALLS_KEPT (the first recorded dropped first)
+
+#: Replayed calls kept. A step of fixed shapes needs a few keys; with a token count that varies
+#: from call to call (packed sequences) every new n adds one, so the oldest go beyond this many
+#: (their next call takes Triton's launch again), and the host memory they hold stays bounded.
+CALLS_KEPT = 4096
+
+
+def _keep_call(key, replay: "_Replay") -> None:
+    if len(_CALLS) >= CALLS_KEPT:
+        del _CALLS[next(iter(_CALLS))]
+    _CALLS[key] = replay
 
 
 def _call_key(ids, grad, main_grad, problem: Problem, path: str, zero_rows: bool = False, masked=None):
@@ -2145,7 +2156,7 @@ def _launch(ids, grad, main_grad, problem: Problem, path: str, zero_rows: bool =
         _long_runs_stage(plan, partials, flags, main_grad, problem, cfg, launch)
     if key is not None and cfg.sort != "torch":
         try:
-            _CALLS[key] = _Replay(launch, ids, grad, main_grad, copy_grad, masked)
+            _keep_call(key, _Replay(launch, ids, grad, main_grad, copy_grad, masked))
         except (KeyError, ValueError):  # a launch it cannot repeat: later calls take this path again (main_grad is already updated)
             pass
 
