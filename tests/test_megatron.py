@@ -74,10 +74,10 @@ def _rank(rank: int, world: int, port: int, sequence_parallel: bool, dtype: torc
     try:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
         config = ModelParallelConfig(tensor_model_parallel_size=world, sequence_parallel=sequence_parallel,
-                                     use_cpu_initialization=not HAS_CUDA, params_dtype=dtype)
+                                     use_cpu_initialization=True, params_dtype=dtype)  # (GPU init needs Megatron's RNG tracker)
         make = lambda: VocabParallelEmbedding(VOCAB, HIDDEN, init_method=torch.nn.init.normal_, config=config,  # noqa: E731
                                               reduce_scatter_embeddings=sequence_parallel)
-        stock, ours = make(), make()
+        stock, ours = make().to(device), make().to(device)
         with torch.no_grad():
             ours.weight.copy_(stock.weight)
         assert tfm.use_embwgrad(ours) == 1
