@@ -2100,6 +2100,9 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
     main_grad per device), every kernel's outputs vary over main_grad's mesh axes, so shard_map's
     check_vma holds; main_grad must then vary over every axis that ids or grad vary over.
 
+    Not under jax.vmap (custom_partitioning has no batching rule): pass a batch as ids' leading
+    dimensions, or lax.scan over micro-batches with main_grad as the carry.
+
     Raises TypeError or ValueError, naming the argument, while tracing: main_grad is then
     neither donated nor changed. n == 0 or H == 0 returns main_grad unchanged.
     """
