@@ -2,6 +2,8 @@
 # The whole GPU test suite plus the benchmark, in one call on the H200; a short table last.
 #   bash scripts/gpu_all.sh                 (device tool: logs, JSON and PNG land in $OUT)
 #   BENCH_ARGS="--ns 8192 --dists uniform" PYTEST_ARGS="-k real tests/" bash scripts/gpu_all.sh
+# tests/test_megatron.py needs megatron-core, which the device image lacks: run scripts/device_megatron.sh
+# here first and pass carry=[".megatron"] (gpu_env.sh then requires it); without it those tests skip, saying so.
 # The device tool allows 600 s a call. The benchmark runs first (about 135 s; BENCH_TIMEOUT caps
 # it) and the suite gets what is left of DEADLINE (seconds from the start), less a margin for its
 # SIGINT and the summary. The suite's time on a fresh machine varies: 393 GPU tests at -n 3 took
