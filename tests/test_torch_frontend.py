@@ -553,6 +553,22 @@ def test_cpu_tensors_without_interpreter_use_core_reference(monkeypatch):
     assert not torch_frontend.can_accumulate(to_torch(ids, "cpu"), to_torch(grad, "cpu"), out)
 
 
+def test_dense_route_skips_ids_outside_the_vocabulary():
+    """The route for a device without the kernels (PyTorch's dense path, run here on the CPU): ids
+    outside [0, V) add nothing and raise nothing, padding_idx's row and absent rows (-0 here) keep
+    their bits. Sums of small integers, so that the CPU's order of adds gives the core's bits."""
+    ids = np.array([3, -1, 7, 100, 3, 2**31 - 1, 0, -8, 3, 5, 5])
+    gen = torch.Generator().manual_seed(4)
+    grad = torch.randint(-8, 8, (ids.size, 6), generator=gen).float()
+    main_grad = torch.randint(-8, 8, (8, 6), generator=gen).float()
+    main_grad[[1, 2, 6]] = -0.0
+    for padding_idx in (None, 5):
+        out = main_grad.clone()
+        problem = ew._check(torch.from_numpy(ids), grad, out, padding_idx)
+        ew._accumulate_dense(torch.from_numpy(ids), grad, out, problem)
+        assert_bits_equal(to_numpy(out), reference.accumulate(ids, grad.numpy(), main_grad.numpy(), padding_idx=padding_idx))
+
+
 # ----------------------------------------------------------------------------- both: API
 
 

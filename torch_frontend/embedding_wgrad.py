@@ -2304,20 +2304,25 @@ def _accumulate_reference(ids, grad, main_grad, problem: Problem) -> None:
 
 
 def _accumulate_dense(ids, grad, main_grad, problem: Problem) -> None:
-    """A device without the kernels: PyTorch's own dense path, deterministic, added only where ids occur."""
+    """A device without the kernels: PyTorch's own dense path, deterministic, added only where ids occur.
+
+    Ids outside [0, V) go to an extra row V, computed and dropped (PyTorch would assert on them):
+    a token's id decides only its own row's runs, and chunks are of positions, so the other rows
+    get the bits they get without it, and the token still counts in n."""
     n, hidden, vocab = problem.num_tokens, problem.hidden, problem.num_embeddings
     flat = ids.reshape(-1)
+    flat = torch.where((flat >= 0) & (flat < vocab), flat, vocab)
     prior = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        gw = torch.ops.aten.embedding_dense_backward(grad.reshape(n, hidden), flat, vocab, problem.padding_idx, False)
+        gw = torch.ops.aten.embedding_dense_backward(grad.reshape(n, hidden), flat, vocab + 1, problem.padding_idx, False)[:vocab]
     finally:
         torch.use_deterministic_algorithms(prior)
-    present = torch.zeros(vocab, dtype=torch.bool, device=main_grad.device)
+    present = torch.zeros(vocab + 1, dtype=torch.bool, device=main_grad.device)
     present[flat] = True
     if problem.padding_idx >= 0:
         present[problem.padding_idx] = False
-    main_grad.copy_(torch.where(present[:, None], main_grad + gw, main_grad))
+    main_grad.copy_(torch.where(present[:vocab, None], main_grad + gw, main_grad))
 
 
 def _to_numpy(t: torch.Tensor):
