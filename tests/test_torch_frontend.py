@@ -8,6 +8,7 @@ synchronisation, extra memory.
 """
 
 import dataclasses
+import unittest.mock
 from types import SimpleNamespace
 
 import ml_dtypes
@@ -586,6 +587,60 @@ def test_strided_grad_is_not_copied(transpose):
     torch_frontend.accumulate(ids, grad.contiguous(), expected)
     torch_frontend.accumulate(ids, grad, main_grad)
     assert_bits_equal(to_numpy(main_grad), to_numpy(expected))
+
+
+def laid_out(t: torch.Tensor, layout: str, dims: int) -> torch.Tensor:
+    """A view holding t's values (t's first `dims` dimensions are positions) in another memory layout:
+    "contiguous", "offset" (at an odd element offset of a larger buffer), "transposed" (the first two
+    position dimensions swapped in memory), "strided" (every other element of the last position
+    dimension of a larger tensor), "expanded" (t's first position row repeated at stride 0: the
+    values change to that row's), "columns" (grad's H at stride 2)."""
+    if layout == "offset":
+        buffer = torch.zeros(3 + t.numel(), dtype=t.dtype, device=t.device)
+        view = buffer[3:].view(t.shape)
+    elif layout == "transposed" and dims >= 2:
+        return t.transpose(0, 1).contiguous().transpose(0, 1)
+    elif layout == "strided":
+        big = torch.zeros(*t.shape[: dims - 1], 2 * t.shape[dims - 1], *t.shape[dims:], dtype=t.dtype, device=t.device)
+        view = big.narrow(dims - 1, 0, 2 * t.shape[dims - 1] - 1)[(slice(None),) * (dims - 1) + (slice(None, None, 2),)]
+    elif layout == "expanded":
+        return t[:1].expand(t.shape)
+    elif layout == "columns" and t.dim() > dims:
+        view = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)[..., ::2]
+    else:
+        return t
+    view.copy_(t)
+    return view
+
+
+LAYOUTS = ("contiguous", "offset", "transposed", "strided", "expanded")
+
+
+@cpu_only  # (on the GPU every example would compile its own specialisations; test_gpu_tensors_at_any_offset_of_a_flat_buffer is its GPU form)
+@settings(max_examples=10, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 5), st.integers(1, 9)),
+    hidden=st.integers(1, 12),
+    layouts=st.tuples(st.sampled_from(LAYOUTS), st.sampled_from(LAYOUTS + ("columns",)), st.sampled_from(LAYOUTS)),
+    with_mask=st.booleans(),
+    path=st.sampled_from([FEATURE, SORT]),
+    seed=st.integers(0, 2**16),
+)
+def test_any_layout_gives_the_contiguous_bits(shape, hidden, layouts, with_mask, path, seed):
+    """ids, grad and masked in any memory layout, main_grad at an offset: the bits of the call on
+    contiguous copies (the path forced, so that small inputs reach the sort path's kernels too)."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = 7
+    ids = laid_out(torch.randint(-1, vocab, shape, generator=gen).to(DEVICE), layouts[0], 2)
+    grad = laid_out(torch.randn(*shape, hidden, generator=gen).bfloat16().to(DEVICE), layouts[1], 2)
+    masked = laid_out((torch.rand(shape, generator=gen) < 0.3).to(DEVICE), layouts[2], 2) if with_mask else None
+    main_grad = torch.randn(vocab, hidden, generator=gen).to(DEVICE)
+    out, _ = in_flat_buffer(main_grad, 1)
+    expected = main_grad.clone()
+    with unittest.mock.patch.object(ew, "torch_path", lambda n: path):
+        torch_frontend.accumulate(ids, grad, out, masked=masked)
+        torch_frontend.accumulate(ids.contiguous(), grad.contiguous(), expected, masked=None if masked is None else masked.contiguous())
+    assert_bits_equal(to_numpy(out), to_numpy(expected))
 
 
 @pytest.mark.parametrize("form", ["slice", "columns", "expanded", "transposed"])
