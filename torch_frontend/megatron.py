@@ -1,10 +1,10 @@
-"""Megatron-LM's ``VocabParallelEmbedding`` with embwgrad's backward (megatron-core >= 0.16).
+"""Megatron-LM's ``VocabParallelEmbedding`` with embwgrad's backward (megatron-core >= 0.13).
 
     from torch_frontend.megatron import use_embwgrad
     use_embwgrad(model)   # every VocabParallelEmbedding in model; returns how many
 
-Each such module's forward becomes Megatron's own (``VocabParallelEmbedding.forward`` of
-megatron-core 0.16) with the lookup replaced by ``torch_frontend.embedding(masked_input, weight,
+Each such module's forward becomes Megatron's own (``VocabParallelEmbedding.forward``, the same
+text in megatron-core 0.13.0 to 0.16.1) with the lookup replaced by ``torch_frontend.embedding(masked_input, weight,
 masked=input_mask)``: the same output, bit for bit, and a backward that adds into
 ``weight.main_grad`` (Megatron's DDP gives every parameter one) only the rows of the tokens of
 this rank's shard, never reading the other ranks' tokens' gradient rows, with the bits that
@@ -21,7 +21,7 @@ host), and ``deterministic_mode`` (where Megatron looks up ``weight[masked_input
 backward sums each id's rows in one sequence) gets ``F.embedding``'s bits, which are
 deterministic too but differ from that mode's for ids that occur more than 10 times.
 
-Tested on CPU with megatron-core at TP 1 and 2 (two processes over gloo), with and without
+Tested on CPU with megatron-core 0.13.0 and 0.16.1 at TP 1 and 2 (two processes over gloo), with and without
 ``reduce_scatter_embeddings``, fp32 and bf16 parameters, against the stock module: the output
 bitwise, and main_grad bitwise against the core reference given the gradient that reached the
 stock module's lookup (tests/test_megatron.py).
@@ -35,12 +35,12 @@ from .autograd import embedding
 
 __all__ = ["use_embwgrad", "vocab_parallel_forward"]
 
-#: What the forward reads off a VocabParallelEmbedding (megatron-core 0.16's names).
+#: What the forward reads off a VocabParallelEmbedding (megatron-core 0.13-0.16's names; 0.12 has no tp_group).
 _ATTRIBUTES = ("tp_group", "vocab_start_index", "vocab_end_index", "reduce_scatter_embeddings", "weight")
 
 
 def vocab_parallel_forward(self, input_: torch.Tensor) -> torch.Tensor:
-    """``VocabParallelEmbedding.forward`` (megatron-core 0.16) with embwgrad's lookup; self is the module."""
+    """``VocabParallelEmbedding.forward`` (megatron-core 0.13-0.16) with embwgrad's lookup; self is the module."""
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region, reduce_scatter_to_sequence_parallel_region
 
     group = self.tp_group
@@ -72,7 +72,7 @@ def use_embwgrad(model: torch.nn.Module) -> int:
     for module in found:
         missing = [a for a in _ATTRIBUTES if not hasattr(module, a)]
         if missing:
-            raise TypeError(f"this VocabParallelEmbedding has no {', '.join(missing)}: embwgrad's forward follows megatron-core 0.16's")
+            raise TypeError(f"this VocabParallelEmbedding has no {', '.join(missing)}: embwgrad's forward follows megatron-core 0.13-0.16's")
     for module in found:
         module.forward = types.MethodType(vocab_parallel_forward, module)
     return len(found)
