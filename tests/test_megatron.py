@@ -17,6 +17,7 @@ import contextlib
 import os
 import socket
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -145,3 +146,28 @@ def test_use_embwgrad_rejects_a_model_without_one():
     torch.nn.Module.__init__(module)
     with pytest.raises(TypeError, match="has no tp_group"):
         tfm.use_embwgrad(module)
+
+
+def _bare(kind):
+    """A VocabParallelEmbedding (or subclass) with the attributes the forward reads, without Megatron's set-up."""
+    module = kind.__new__(kind)
+    torch.nn.Module.__init__(module)
+    module.tp_group, module.vocab_start_index, module.vocab_end_index, module.reduce_scatter_embeddings = None, 0, 8, False
+    module.weight = torch.nn.Parameter(torch.zeros(8, 4))
+    return module
+
+
+def test_use_embwgrad_warns_where_the_forward_is_not_megatrons():
+    """The stock forward's fingerprint is the one embwgrad's follows (no warning); a subclass's own
+    forward, which use_embwgrad would drop, warns."""
+    assert tfm._fingerprint(VocabParallelEmbedding.forward) == tfm.STOCK_FORWARD
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tfm.use_embwgrad(_bare(VocabParallelEmbedding)) == 1
+
+    class Scaled(VocabParallelEmbedding):
+        def forward(self, input_):
+            return super().forward(input_) * 2
+
+    with pytest.warns(UserWarning, match="Scaled.forward is not the forward of megatron-core"):
+        assert tfm.use_embwgrad(torch.nn.Sequential(_bare(Scaled), _bare(VocabParallelEmbedding))) == 2

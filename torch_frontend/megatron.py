@@ -27,7 +27,13 @@ bitwise, and main_grad bitwise against the core reference given the gradient tha
 stock module's lookup (tests/test_megatron.py).
 """
 
+import hashlib
+import inspect
+import io
+import textwrap
+import tokenize
 import types
+import warnings
 
 import torch
 
@@ -37,6 +43,29 @@ __all__ = ["use_embwgrad", "vocab_parallel_forward"]
 
 #: What the forward reads off a VocabParallelEmbedding (megatron-core 0.13-0.16's names; 0.12 has no tp_group).
 _ATTRIBUTES = ("tp_group", "vocab_start_index", "vocab_end_index", "reduce_scatter_embeddings", "weight")
+
+#: _fingerprint of the stock VocabParallelEmbedding.forward that vocab_parallel_forward follows
+#: (megatron-core 0.13.0 to 0.16.1; the same under Python 3.11 and 3.12).
+STOCK_FORWARD = "400a709994b12e25"
+
+
+def _fingerprint(function) -> str | None:
+    """A hash of function's tokens, without comments, layout or its docstring; None without its source."""
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+    except (OSError, TypeError):
+        return None
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type not in skip]
+    depth = 0
+    for i, t in enumerate(tokens):  # the signature's colon; a string right after it is the docstring
+        if t.type == tokenize.OP:
+            depth += (t.string in "([{") - (t.string in ")]}")
+            if t.string == ":" and depth == 0:
+                break
+    if i + 1 < len(tokens) and tokens[i + 1].type == tokenize.STRING:
+        del tokens[i + 1]
+    return hashlib.sha256(" ".join(t.string for t in tokens).encode()).hexdigest()[:16]
 
 
 def vocab_parallel_forward(self, input_: torch.Tensor) -> torch.Tensor:
@@ -61,6 +90,9 @@ def use_embwgrad(model: torch.nn.Module) -> int:
 
     Returns how many modules it changed. Raises ValueError if there is none, or TypeError naming
     the attribute if a module lacks one that the forward reads (another megatron-core version).
+    Warns (UserWarning) where a module's class has another forward than the stock one of
+    megatron-core 0.13-0.16 (a subclass's own, or a later Megatron's): embwgrad's replaces it,
+    so whatever that forward does differently would be dropped.
     """
     from megatron.core.tensor_parallel.layers import VocabParallelEmbedding
 
@@ -73,6 +105,12 @@ def use_embwgrad(model: torch.nn.Module) -> int:
         missing = [a for a in _ATTRIBUTES if not hasattr(module, a)]
         if missing:
             raise TypeError(f"this VocabParallelEmbedding has no {', '.join(missing)}: embwgrad's forward follows megatron-core 0.13-0.16's")
+    for kind in {type(m) for m in found}:
+        fingerprint = _fingerprint(kind.forward)
+        if fingerprint is not None and fingerprint != STOCK_FORWARD:
+            warnings.warn(f"{kind.__module__}.{kind.__qualname__}.forward is not the forward of megatron-core 0.13-0.16 that "
+                          "embwgrad's follows (torch_frontend.megatron.vocab_parallel_forward), which replaces it: check the two "
+                          "against each other", UserWarning, stacklevel=2)
     for module in found:
         module.forward = types.MethodType(vocab_parallel_forward, module)
     return len(found)
