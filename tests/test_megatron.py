@@ -7,7 +7,9 @@ outputs must be bitwise equal, and the copy's main_grad bitwise equal to the cor
 the gradient that reached the stock module's F.embedding (with the other ranks' tokens' rows
 zeroed by Megatron). On a GPU also to main_grad plus the stock module's weight.grad, as Megatron's
 DDP would add it (CUDA's embedding_dense_backward, deterministic); on a CPU the stock grad is CPU
-PyTorch's (index_add_ order), not the reference. On a GPU the ids are 8192 tokens, so that TP 2
+PyTorch's (index_add_ order), not the reference. And under Megatron's own DistributedDataParallel
+(its grad buffer as main_grad, its backward hook, overlap_grad_reduce on and off, two micro-batches,
+bf16 parameters into fp32 main_grad): the buffer holds the core's bits. On a GPU the ids are 8192 tokens, so that TP 2
 takes the masked route of the merge sort; on a CPU (the interpreters) 120. Needs megatron-core (the
 `megatron` extra; .ci/run installs it and sets EMBWGRAD_REQUIRE_MEGATRON=1, so that CI cannot
 skip these).
@@ -64,16 +66,34 @@ def _lookup_gradient(captured: list):
         torch.nn.functional.embedding = real
 
 
-def _rank(rank: int, world: int, port: int, sequence_parallel: bool, dtype: torch.dtype):
+@contextlib.contextmanager
+def _process(rank: int, world: int, port: int):
+    """One rank of TP = world: its device, with torch.distributed and Megatron's groups set up."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if HAS_CUDA:
         torch.cuda.set_device(rank)
-    else:  # Megatron's reduce-scatter allocates its output on torch.cuda.current_device()
+    else:  # Megatron's reduce-scatter and DDP buffers allocate on torch.cuda.current_device()
         torch.cuda.current_device = lambda: "cpu"
-    device = f"cuda:{rank}" if HAS_CUDA else "cpu"
     torch.distributed.init_process_group("nccl" if HAS_CUDA else "gloo", rank=rank, world_size=world)
     try:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+        yield f"cuda:{rank}" if HAS_CUDA else "cpu"
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
+def _megatron_ids(start: int, end: int, seed: int = 5):
+    """Zipf ids over the whole vocabulary, both shards' first rows among them, and Megatron's masked_input."""
+    ids = torch.from_numpy(zipf_ids(BATCH * SEQ, VOCAB, seed=seed).reshape(BATCH, SEQ))
+    ids[0, :4] = torch.tensor([0, VOCAB // 2, 0, VOCAB // 2])
+    local = ids - start
+    local[(ids < start) | (ids >= end)] = 0
+    return ids, local
+
+
+def _rank(rank: int, world: int, port: int, sequence_parallel: bool, dtype: torch.dtype):
+    with _process(rank, world, port) as device:
         config = ModelParallelConfig(tensor_model_parallel_size=world, sequence_parallel=sequence_parallel,
                                      use_cpu_initialization=True, params_dtype=dtype)  # (GPU init needs Megatron's RNG tracker)
         make = lambda: VocabParallelEmbedding(VOCAB, HIDDEN, init_method=torch.nn.init.normal_, config=config,  # noqa: E731
@@ -84,11 +104,9 @@ def _rank(rank: int, world: int, port: int, sequence_parallel: bool, dtype: torc
         assert tfm.use_embwgrad(ours) == 1
         assert isinstance(ours.forward, types.MethodType) and ours.forward.__func__ is tfm.vocab_parallel_forward
 
-        # Zipf ids over the whole vocabulary: long runs at both shards' first rows, and every rank's
-        # row 0 holds real tokens besides the other shard's (looked up as 0 there).
-        ids = torch.from_numpy(zipf_ids(BATCH * SEQ, VOCAB, seed=5).reshape(BATCH, SEQ))
-        ids[0, :4] = torch.tensor([0, VOCAB // 2, 0, VOCAB // 2])
-        ids = ids.to(device)
+        # Long runs at both shards' first rows, and every rank's row 0 holds real tokens besides the
+        # other shard's (looked up as 0 there).
+        ids, local = (t.to(device) for t in _megatron_ids(stock.vocab_start_index, stock.vocab_end_index))
         main_grad = torch.randn(ours.weight.shape, generator=torch.Generator().manual_seed(7)).to(device)
         ours.weight.main_grad = main_grad.clone()
         ours.weight.grad_added_to_main_grad = False  # as Megatron's DDP sets it
@@ -110,19 +128,13 @@ def _rank(rank: int, world: int, port: int, sequence_parallel: bool, dtype: torc
         out_ours.backward(upstream)
 
         (lookup_grad,) = captured
-        start = stock.vocab_start_index
-        local = ids - start
-        local[(ids < start) | (ids >= stock.vocab_end_index)] = 0  # Megatron's masked_input
         if world > 1:
-            assert bool((lookup_grad[(local == 0) & (ids != start)] == 0).all())  # Megatron zeroed the other ranks' rows
+            assert bool((lookup_grad[(local == 0) & (ids != stock.vocab_start_index)] == 0).all())  # Megatron zeroed the other ranks' rows
         expected = reference.accumulate(to_numpy(local), to_numpy(lookup_grad), to_numpy(main_grad))
         assert_bits_equal(to_numpy(ours.weight.main_grad), expected, f"main_grad, rank {rank}")
         assert ours.weight.grad_added_to_main_grad is True
         if HAS_CUDA:  # as Megatron's DDP adds the stock grad into main_grad (main_grad holds no -0)
             assert torch.equal(ours.weight.main_grad.view(torch.int32), main_grad.add_(stock.weight.grad).view(torch.int32))
-    finally:
-        parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.parametrize("world, sequence_parallel, dtype", [
@@ -135,6 +147,46 @@ def test_vocab_parallel_embedding_against_megatrons(world, sequence_parallel, dt
     if HAS_CUDA and torch.cuda.device_count() < world:
         pytest.skip(f"TP {world} needs {world} GPUs (scripts/gpu_two.sh)")
     torch.multiprocessing.spawn(_rank, args=(world, _free_port(), sequence_parallel, dtype), nprocs=world)
+
+
+def _ddp_rank(rank: int, world: int, port: int, overlap: bool):
+    """Two micro-batches through Megatron's own DistributedDataParallel (its grad buffer as main_grad,
+    its backward hook, bf16 parameters with fp32 main_grad): the buffer after finish_grad_sync holds
+    the core's bits for the two lookups' gradients added in turn (TP = world, one data-parallel rank,
+    so the reduction leaves it as it is)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.transformer import TransformerConfig
+
+    with _process(rank, world, port) as device:
+        config = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=world, tensor_model_parallel_size=world,
+                                   use_cpu_initialization=True, params_dtype=torch.bfloat16, bf16=True)
+        stock = VocabParallelEmbedding(VOCAB, HIDDEN, init_method=torch.nn.init.normal_, config=config).to(device)
+        model = torch.nn.Sequential(VocabParallelEmbedding(VOCAB, HIDDEN, init_method=torch.nn.init.normal_, config=config)).to(device)
+        with torch.no_grad():
+            model[0].weight.copy_(stock.weight)
+        tfm.use_embwgrad(model)
+        ddp = DistributedDataParallel(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=overlap), model)
+        weight = model[0].weight
+        ddp.zero_grad_buffer()
+        expected = np.zeros(weight.shape, np.float32)
+        for step, seed in enumerate((5, 6)):
+            ids, local = (t.to(device) for t in _megatron_ids(stock.vocab_start_index, stock.vocab_end_index, seed))
+            upstream = torch.randn(BATCH, SEQ, HIDDEN, generator=torch.Generator().manual_seed(seed)).to(device, torch.bfloat16)
+            captured = []
+            with _lookup_gradient(captured):
+                stock(ids).backward(upstream)
+            with ddp.no_sync() if step == 0 else contextlib.nullcontext():
+                ddp(ids).backward(upstream)
+            expected = reference.accumulate(to_numpy(local), to_numpy(captured[0]), expected)
+        ddp.finish_grad_sync()
+        assert weight.main_grad.dtype == torch.float32
+        assert_bits_equal(to_numpy(weight.main_grad), expected, f"DDP's main_grad, rank {rank}")
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["overlap_grad_reduce-off", "overlap_grad_reduce-on"])
+def test_under_megatrons_ddp(overlap):
+    world = 2 if not HAS_CUDA or torch.cuda.device_count() >= 2 else 1
+    torch.multiprocessing.spawn(_ddp_rank, args=(world, _free_port(), overlap), nprocs=world)
 
 
 def test_use_embwgrad_rejects_a_model_without_one():
