@@ -1,18 +1,22 @@
 """torch_frontend.megatron against megatron-core's own VocabParallelEmbedding.
 
-TP 1 and 2 (one process per rank: gloo on CPU, NCCL on GPUs, where TP 2 needs two), with and
-without reduce_scatter_embeddings (sequence parallel), fp32 and bf16 parameters. On each rank the
-stock module and a copy given embwgrad's forward run the same ids and upstream gradient: the
-outputs must be bitwise equal, and the copy's main_grad bitwise equal to the core reference given
-the gradient that reached the stock module's F.embedding (with the other ranks' tokens' rows
-zeroed by Megatron). On a GPU also to main_grad plus the stock module's weight.grad, as Megatron's
-DDP would add it (CUDA's embedding_dense_backward, deterministic); on a CPU the stock grad is CPU
-PyTorch's (index_add_ order), not the reference. And under Megatron's own DistributedDataParallel
-(its grad buffer as main_grad, its backward hook, overlap_grad_reduce on and off, two micro-batches,
-bf16 parameters into fp32 main_grad): the buffer holds the core's bits. On a GPU the ids are 8192 tokens, so that TP 2
-takes the masked route of the merge sort; on a CPU (the interpreters) 120. Needs megatron-core (the
-`megatron` extra; .ci/run installs it and sets EMBWGRAD_REQUIRE_MEGATRON=1, so that CI cannot
-skip these).
+One process per rank: gloo on a CPU, NCCL on GPUs (TP 2 needs two). On a GPU the ids are 8192
+tokens, so that TP 2 takes the masked route of the merge sort; on a CPU (the interpreters) 120.
+
+- test_vocab_parallel_embedding_against_megatrons: TP 1 and 2, with and without
+  reduce_scatter_embeddings (sequence parallel), fp32 and bf16 parameters. On each rank the stock
+  module and a copy given embwgrad's forward run the same ids and upstream gradient. The outputs
+  must be bitwise equal, and the copy's main_grad bitwise equal to the core reference given the
+  gradient that reached the stock module's F.embedding (the other ranks' tokens' rows zeroed by
+  Megatron). On a GPU also to main_grad plus the stock module's weight.grad, as Megatron's DDP
+  would add it (CUDA's embedding_dense_backward, deterministic); on a CPU the stock grad is CPU
+  PyTorch's (index_add_ order), not the reference.
+- test_under_megatrons_ddp: Megatron's own DistributedDataParallel (its grad buffer as main_grad,
+  its backward hook, overlap_grad_reduce on and off, two micro-batches, bf16 parameters into fp32
+  main_grad): the buffer holds the core's bits.
+
+Needs megatron-core (the `megatron` extra). .ci/run installs it and sets
+EMBWGRAD_REQUIRE_MEGATRON=1, so that CI cannot skip these.
 """
 
 import contextlib
