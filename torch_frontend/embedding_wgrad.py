@@ -2229,10 +2229,11 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
     """main_grad += embedding_dense_backward(grad, ids), in place, with PyTorch CUDA's bits.
 
     Args:
-        ids: int32 or int64 [*S], token ids.
+        ids: int32 or int64 [*S], token ids. Any strides (a strided view is copied to contiguous first).
         grad: [*S, H] float32, bfloat16 or float16: the gradient of the lookup's output. Any
-            strides (for example [s, b, H] storage seen as [b, s, H]).
-        main_grad: [V, H] float32, bfloat16 or float16, contiguous; updated in place.
+            strides (for example [s, b, H] storage seen as [b, s, H]), read in place.
+        main_grad: [V, H] float32, bfloat16 or float16, contiguous (at any storage offset, as a
+            view into Megatron's grad buffer); updated in place.
         padding_idx: as in torch.nn.functional.embedding: that row gets nothing.
         zero_rows: True where many of grad's rows are zero, as Megatron's vocab-parallel lookup
             makes them on a rank of TP > 1 (the other ranks' tokens, all looked up as id 0): the
