@@ -4,10 +4,13 @@
 # PYTHONPATH and sets EMBWGRAD_REQUIRE_MEGATRON=1, so that tests/test_megatron.py runs and cannot skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# .megatron/core: megatron-core; .megatron/deps: packaging, its one dependency the image may lack
+# (gpu_env.sh adds deps only where the image's python cannot import packaging).
 wheels=$(mktemp -d)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
   -d "$wheels" "megatron-core==${MEGATRON_VERSION:-0.16.1}" "packaging>=24.2"
-rm -rf .megatron && mkdir .megatron
-for w in "$wheels"/*.whl; do python3 -m zipfile -e "$w" .megatron; done
-rm -rf "$wheels" .megatron/*.dist-info/RECORD
+rm -rf .megatron && mkdir -p .megatron/core .megatron/deps
+python3 -m zipfile -e "$wheels"/megatron_core-*.whl .megatron/core
+python3 -m zipfile -e "$wheels"/packaging-*.whl .megatron/deps
+rm -rf "$wheels"
 du -sh .megatron

@@ -9,5 +9,6 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 EMBWGRAD_REQUIRE_GPU=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 if [ -d .megatron ]; then
-  export PYTHONPATH=$PYTHONPATH:$PWD/.megatron EMBWGRAD_REQUIRE_MEGATRON=1
+  export PYTHONPATH=$PYTHONPATH:$PWD/.megatron/core EMBWGRAD_REQUIRE_MEGATRON=1
+  python3 -c "import packaging.version" 2>/dev/null || export PYTHONPATH=$PYTHONPATH:$PWD/.megatron/deps
 fi
