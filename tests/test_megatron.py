@@ -21,7 +21,6 @@ EMBWGRAD_REQUIRE_MEGATRON=1, so that CI cannot skip these.
 
 import contextlib
 import os
-import socket
 import types
 import warnings
 
@@ -47,10 +46,9 @@ VOCAB, HIDDEN = (4096, 256) if HAS_CUDA else (64, 24)
 BATCH, SEQ = (4, 2048) if HAS_CUDA else (3, 40)
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _store(folder) -> str:
+    """The ranks' init_method: a file in the test's own folder (no port to collide with another worker's)."""
+    return f"file://{folder / 'store'}"
 
 
 @contextlib.contextmanager
@@ -71,14 +69,13 @@ def _lookup_gradient(captured: list):
 
 
 @contextlib.contextmanager
-def _process(rank: int, world: int, port: int):
+def _process(rank: int, world: int, store: str):
     """One rank of TP = world: its device, with torch.distributed and Megatron's groups set up."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if HAS_CUDA:
         torch.cuda.set_device(rank)
     else:  # Megatron's reduce-scatter and DDP buffers allocate on torch.cuda.current_device()
         torch.cuda.current_device = lambda: "cpu"
-    torch.distributed.init_process_group("nccl" if HAS_CUDA else "gloo", rank=rank, world_size=world)
+    torch.distributed.init_process_group("nccl" if HAS_CUDA else "gloo", init_method=store, rank=rank, world_size=world)
     try:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
         yield f"cuda:{rank}" if HAS_CUDA else "cpu"
@@ -96,8 +93,8 @@ def _megatron_ids(start: int, end: int, seed: int = 5):
     return ids, local
 
 
-def _rank(rank: int, world: int, port: int, sequence_parallel: bool, dtype: torch.dtype):
-    with _process(rank, world, port) as device:
+def _rank(rank: int, world: int, store: str, sequence_parallel: bool, dtype: torch.dtype):
+    with _process(rank, world, store) as device:
         config = ModelParallelConfig(tensor_model_parallel_size=world, sequence_parallel=sequence_parallel,
                                      use_cpu_initialization=True, params_dtype=dtype)  # (GPU init needs Megatron's RNG tracker)
         make = lambda: VocabParallelEmbedding(VOCAB, HIDDEN, init_method=torch.nn.init.normal_, config=config,  # noqa: E731
@@ -147,13 +144,13 @@ def _rank(rank: int, world: int, port: int, sequence_parallel: bool, dtype: torc
     (2, True, torch.float32),
     (2, True, torch.bfloat16),
 ], ids=lambda v: str(v).replace("torch.", ""))
-def test_vocab_parallel_embedding_against_megatrons(world, sequence_parallel, dtype):
+def test_vocab_parallel_embedding_against_megatrons(world, sequence_parallel, dtype, tmp_path):
     if HAS_CUDA and torch.cuda.device_count() < world:
         pytest.skip(f"TP {world} needs {world} GPUs (scripts/gpu_two.sh)")
-    torch.multiprocessing.spawn(_rank, args=(world, _free_port(), sequence_parallel, dtype), nprocs=world)
+    torch.multiprocessing.spawn(_rank, args=(world, _store(tmp_path), sequence_parallel, dtype), nprocs=world)
 
 
-def _ddp_rank(rank: int, world: int, port: int, overlap: bool):
+def _ddp_rank(rank: int, world: int, store: str, overlap: bool):
     """Two micro-batches through Megatron's own DistributedDataParallel (its grad buffer as main_grad,
     its backward hook, bf16 parameters with fp32 main_grad): the buffer after finish_grad_sync holds
     the core's bits for the two lookups' gradients added in turn (TP = world, one data-parallel rank,
@@ -161,7 +158,7 @@ def _ddp_rank(rank: int, world: int, port: int, overlap: bool):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.transformer import TransformerConfig
 
-    with _process(rank, world, port) as device:
+    with _process(rank, world, store) as device:
         config = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=world, tensor_model_parallel_size=world,
                                    use_cpu_initialization=True, params_dtype=torch.bfloat16, bf16=True)
         stock = VocabParallelEmbedding(VOCAB, HIDDEN, init_method=torch.nn.init.normal_, config=config).to(device)
@@ -188,9 +185,9 @@ def _ddp_rank(rank: int, world: int, port: int, overlap: bool):
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["overlap_grad_reduce-off", "overlap_grad_reduce-on"])
-def test_under_megatrons_ddp(overlap):
+def test_under_megatrons_ddp(overlap, tmp_path):
     world = 2 if not HAS_CUDA or torch.cuda.device_count() >= 2 else 1
-    torch.multiprocessing.spawn(_ddp_rank, args=(world, _free_port(), overlap), nprocs=world)
+    torch.multiprocessing.spawn(_ddp_rank, args=(world, _store(tmp_path), overlap), nprocs=world)
 
 
 def test_use_embwgrad_rejects_a_model_without_one():
