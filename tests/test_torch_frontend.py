@@ -596,9 +596,8 @@ def laid_out(t: torch.Tensor, layout: str, dims: int) -> torch.Tensor:
     dimension of a larger tensor), "expanded" (t's first position row repeated at stride 0: the
     values change to that row's), "columns" (grad's H at stride 2)."""
     if layout == "offset":
-        buffer = torch.zeros(3 + t.numel(), dtype=t.dtype, device=t.device)
-        view = buffer[3:].view(t.shape)
-    elif layout == "transposed" and dims >= 2:
+        return in_flat_buffer(t, 3)[0]
+    if layout == "transposed" and dims >= 2:
         return t.transpose(0, 1).contiguous().transpose(0, 1)
     elif layout == "strided":
         big = torch.zeros(*t.shape[: dims - 1], 2 * t.shape[dims - 1], *t.shape[dims:], dtype=t.dtype, device=t.device)
