@@ -13,7 +13,11 @@ tokens, so that TP 2 takes the masked route of the merge sort; on a CPU (the int
   PyTorch's (index_add_ order), not the reference.
 - test_under_megatrons_ddp: Megatron's own DistributedDataParallel (its grad buffer as main_grad,
   its backward hook, overlap_grad_reduce on and off, two micro-batches, bf16 parameters into fp32
-  main_grad): the buffer holds the core's bits.
+  main_grad, and into a bf16 buffer with grad_reduce_in_fp32 off): the buffer holds the core's bits.
+- test_a_weight_with_more_than_one_use_under_megatrons_ddp: the weight marked zero_out_wgrad, as
+  Megatron marks one with more than one use on a pipeline stage (two lookups, as multi-token
+  prediction's, and a tied output matmul): under Megatron's DDP the buffer holds the stock
+  module's bits (its dense gradient), and use_embwgrad warns.
 
 Needs megatron-core (the `megatron` extra). .ci/run installs it and sets
 EMBWGRAD_REQUIRE_MEGATRON=1, so that CI cannot skip these.
@@ -149,7 +153,7 @@ def test_vocab_parallel_embedding_against_megatrons(world, sequence_parallel, dt
     torch.multiprocessing.spawn(_rank, args=(world, _store(tmp_path), sequence_parallel, dtype), nprocs=world)
 
 
-def _ddp_rank(rank: int, world: int, store: str, overlap: bool):
+def _ddp_rank(rank: int, world: int, store: str, overlap: bool, fp32_buffer: bool = True):
     """Two micro-batches through Megatron's own DistributedDataParallel (its grad buffer as main_grad,
     its backward hook, bf16 parameters with fp32 main_grad): the buffer after finish_grad_sync holds
     the core's bits for the two lookups' gradients added in turn (TP = world, one data-parallel rank,
@@ -165,10 +169,10 @@ def _ddp_rank(rank: int, world: int, store: str, overlap: bool):
         with torch.no_grad():
             model[0].weight.copy_(stock.weight)
         tfm.use_embwgrad(model)
-        ddp = DistributedDataParallel(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=overlap), model)
+        ddp = DistributedDataParallel(config, DistributedDataParallelConfig(grad_reduce_in_fp32=fp32_buffer, overlap_grad_reduce=overlap), model)
         weight = model[0].weight
         ddp.zero_grad_buffer()
-        expected = np.zeros(weight.shape, np.float32)
+        expected = to_numpy(torch.zeros(weight.shape, dtype=torch.float32 if fp32_buffer else torch.bfloat16))
         for step, seed in enumerate((5, 6)):
             ids, local = (t.to(device) for t in _megatron_ids(stock.vocab_start_index, stock.vocab_end_index, seed))
             upstream = torch.randn(BATCH, SEQ, HIDDEN, generator=torch.Generator().manual_seed(seed)).to(device, torch.bfloat16)
@@ -179,14 +183,68 @@ def _ddp_rank(rank: int, world: int, store: str, overlap: bool):
                 ddp(ids).backward(upstream)
             expected = reference.accumulate(to_numpy(local), to_numpy(captured[0]), expected)
         ddp.finish_grad_sync()
-        assert weight.main_grad.dtype == torch.float32
+        assert weight.main_grad.dtype == (torch.float32 if fp32_buffer else torch.bfloat16)
         assert_bits_equal(to_numpy(weight.main_grad), expected, f"DDP's main_grad, rank {rank}")
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["overlap_grad_reduce-off", "overlap_grad_reduce-on"])
-def test_under_megatrons_ddp(overlap, tmp_path):
+@pytest.mark.parametrize("overlap, fp32_buffer", [(False, True), (True, True), (False, False)],
+                         ids=["overlap_grad_reduce-off", "overlap_grad_reduce-on", "bf16-grad-buffer"])
+def test_under_megatrons_ddp(overlap, fp32_buffer, tmp_path):
+    """fp32_buffer False: grad_reduce_in_fp32 off, so main_grad is a bf16 view of Megatron's buffer."""
     world = 2 if not HAS_CUDA or torch.cuda.device_count() >= 2 else 1
-    torch.multiprocessing.spawn(_ddp_rank, args=(world, _store(tmp_path), overlap), nprocs=world)
+    torch.multiprocessing.spawn(_ddp_rank, args=(world, _store(tmp_path), overlap, fp32_buffer), nprocs=world)
+
+
+class _TwoUses(torch.nn.Module):
+    """The weight used three times on one stage: the main lookup, a second one (multi-token
+    prediction's), and a tied output matmul on this rank's vocabulary shard."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.embedding = VocabParallelEmbedding(VOCAB, HIDDEN, init_method=torch.nn.init.normal_, config=config)
+
+    def forward(self, ids, ids2):
+        hidden = self.embedding(ids) + self.embedding(ids2)
+        return torch.matmul(hidden[:, :2], self.embedding.weight.t())
+
+
+def _two_uses_rank(rank: int, world: int, store: str):
+    """Stock and embwgrad's modules, each under Megatron's DDP, weight marked zero_out_wgrad as
+    Megatron's LanguageModule marks a shared one at pipeline size 1: the grad buffers bitwise equal."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.transformer import TransformerConfig
+
+    with _process(rank, world, store) as device:
+        config = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=world, tensor_model_parallel_size=world,
+                                   use_cpu_initialization=True, params_dtype=torch.bfloat16, bf16=True)
+        stock, ours = _TwoUses(config).to(device), _TwoUses(config).to(device)
+        with torch.no_grad():
+            ours.embedding.weight.copy_(stock.embedding.weight)
+        for model in (stock, ours):
+            model.embedding.weight.zero_out_wgrad = True
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert tfm.use_embwgrad(ours) == 1
+        assert any("more than one use" in str(w.message) for w in caught), [str(w.message) for w in caught]
+        buffers = []
+        for model in (stock, ours):
+            ddp = DistributedDataParallel(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
+            ddp.zero_grad_buffer()
+            ids, _ = _megatron_ids(model.embedding.vocab_start_index, model.embedding.vocab_end_index, seed=5)
+            ids2, _ = _megatron_ids(model.embedding.vocab_start_index, model.embedding.vocab_end_index, seed=6)
+            out = ddp(ids.to(device), ids2.to(device))
+            torch.use_deterministic_algorithms(True)
+            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(device, out.dtype))
+            torch.use_deterministic_algorithms(False)
+            ddp.finish_grad_sync()
+            buffers.append(model.embedding.weight.main_grad)
+        assert bool(buffers[0].ne(0).any())
+        assert_bits_equal(to_numpy(buffers[1]), to_numpy(buffers[0]), f"DDP's main_grad against the stock module's, rank {rank}")
+
+
+def test_a_weight_with_more_than_one_use_under_megatrons_ddp(tmp_path):
+    world = 2 if not HAS_CUDA or torch.cuda.device_count() >= 2 else 1
+    torch.multiprocessing.spawn(_two_uses_rank, args=(world, _store(tmp_path)), nprocs=world)
 
 
 def test_use_embwgrad_rejects_a_model_without_one():
@@ -207,6 +265,28 @@ def _bare(kind):
     module.tp_group, module.vocab_start_index, module.vocab_end_index, module.reduce_scatter_embeddings = None, 0, 8, False
     module.weight = torch.nn.Parameter(torch.zeros(8, 4))
     return module
+
+
+@pytest.mark.parametrize("pre_process, mtp_process, mtp_num_layers, marked", [
+    (True, False, None, False),  # the first stage's lookup (or PP 1 without MTP)
+    (False, True, 1, False),     # DeepSeek-V3's one MTP layer on the last stage
+    (False, True, 2, True),      # two MTP layers on the last stage: two lookups
+    (True, True, 1, True),       # the main lookup and MTP's on one stage, without zero_out_wgrad
+])
+def test_use_embwgrad_marks_an_embedding_its_stage_looks_up_more_than_once(pre_process, mtp_process, mtp_num_layers, marked):
+    """A GPTModel's stage looks its embedding up once if pre_process and once per MTP layer if
+    mtp_process (megatron-core 0.13-0.16's attributes, on a stand-in): more than once, use_embwgrad
+    marks the weight embwgrad_dense, whose backward stays dense (tests/test_torch_autograd.py), and warns."""
+    gpt = torch.nn.Module()
+    gpt.embedding = torch.nn.Module()
+    gpt.embedding.word_embeddings = _bare(VocabParallelEmbedding)
+    gpt.pre_process, gpt.mtp_process = pre_process, mtp_process
+    gpt.config = types.SimpleNamespace(mtp_num_layers=mtp_num_layers)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert tfm.use_embwgrad(gpt) == 1
+    assert getattr(gpt.embedding.word_embeddings.weight, "embwgrad_dense", False) is marked
+    assert any("more than one use" in str(w.message) for w in caught) is marked
 
 
 def test_use_embwgrad_warns_where_the_forward_is_not_megatrons():

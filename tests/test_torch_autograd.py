@@ -110,30 +110,66 @@ def test_grad_of_a_transposed_output():
     _assert_same(weight.main_grad, _expected(ids, grad_out, main_grad), "main_grad")
 
 
-@pytest.mark.parametrize("zero_out_wgrad", [False, True])
-def test_megatron_ddp_hook_convention(zero_out_wgrad):
-    # Megatron's DDP: every parameter has grad_added_to_main_grad, and a hook on its gradient
-    # accumulator adds param.grad into main_grad unless the flag says that was done, then drops it.
-    ids, weight, grad_out, main_grad = _inputs()
-    weight.main_grad = main_grad.clone()
-    weight.grad_added_to_main_grad = False
-    if zero_out_wgrad:
-        weight.zero_out_wgrad = True
-    seen = []
-
+def _megatron_hook(weight, seen=None):
+    """A stand-in for the hook Megatron's DDP puts on a parameter's gradient accumulator: it adds
+    param.grad into main_grad unless the flag says that was done (or zero_out_wgrad is set), then
+    drops it. seen: the gradients it was given. Keep the accumulator it returns (as Megatron's DDP
+    keeps its grad_accs): the tensor holds its own only weakly, and the hook goes with it."""
     def hook(*_):
-        seen.append((weight.grad.shape, weight.grad.dtype, bool((weight.grad == 0).all()) if zero_out_wgrad else None))
-        if weight.grad is not None and (not weight.grad_added_to_main_grad or zero_out_wgrad):
+        if seen is not None:
+            seen.append((weight.grad.shape, weight.grad.dtype))
+        if weight.grad is not None and (not weight.grad_added_to_main_grad or getattr(weight, "zero_out_wgrad", False)):
             weight.main_grad.add_(weight.grad.data)
         weight.grad = None
 
     accumulator = weight.expand_as(weight).grad_fn.next_functions[0][0]
     accumulator.register_hook(hook)
+    return accumulator
+
+
+def test_megatron_ddp_hook_convention():
+    # Megatron's DDP: every parameter has grad_added_to_main_grad, and a hook on its gradient
+    # accumulator adds param.grad into main_grad unless the flag says that was done, then drops it.
+    ids, weight, grad_out, main_grad = _inputs()
+    weight.main_grad = main_grad.clone()
+    weight.grad_added_to_main_grad = False
+    seen = []
+    accumulator = _megatron_hook(weight, seen)  # noqa: F841 (kept alive)
     torch_frontend.embedding(ids, weight).backward(grad_out)
-    assert seen == [(weight.shape, weight.dtype, True if zero_out_wgrad else None)]
+    assert seen == [(weight.shape, weight.dtype)]  # the dummy, which the hook skips
     assert weight.grad_added_to_main_grad is True and weight.grad is None
-    # main_grad holds no -0.0, so the zero dummy added by the hook changes no bit.
     _assert_same(weight.main_grad, _expected(ids, grad_out, main_grad), "main_grad")
+
+
+@pytest.mark.parametrize("uses, flag", [("two lookups", "zero_out_wgrad"), ("tied output", "zero_out_wgrad"),
+                                         ("two lookups", "embwgrad_dense")])
+def test_a_weight_with_two_uses_gets_megatrons_bits(uses, flag):
+    """Megatron sets zero_out_wgrad on a weight with more than one use on one pipeline stage (tied
+    input and output embeddings, or multi-token prediction's second lookup), use_embwgrad sets
+    embwgrad_dense where a stage looks it up more than once unmarked: autograd sums the uses' bf16
+    gradients and the hook adds that sum. The lookup then hands autograd its dense gradient, so
+    main_grad gets the bits of the stock lookups (F.embedding), where adding each lookup's share
+    into main_grad on its own would round differently (checked here too, so the case has teeth)."""
+    ids, weight, grad_out, main_grad = _inputs()
+    ids2, _, grad_out2, _ = _inputs(seed=1)
+    theirs = weight.detach().clone().requires_grad_()
+
+    def step(w, lookup):
+        out = lookup(ids, w)
+        if uses == "two lookups":
+            (out * grad_out).sum().add((lookup(ids2, w) * grad_out2).sum()).backward()
+        else:  # the output layer's logits through the same weight (no fused wgrad: autograd sums)
+            (out * grad_out).sum().add((torch.matmul(grad_out2[:1, :4], w.t()) * 1).sum()).backward()
+
+    for w, lookup in ((weight, torch_frontend.embedding), (theirs, F.embedding)):
+        w.main_grad, w.grad_added_to_main_grad = main_grad.clone(), False
+        setattr(w, flag, True)
+        accumulator = _megatron_hook(w)  # noqa: F841 (kept alive)
+        step(w, lookup)
+    _assert_same(weight.main_grad, theirs.main_grad, "main_grad against the stock lookups'")
+    if uses == "two lookups":  # each lookup's share added on its own: other bits
+        separate = _expected(ids2, grad_out2, _expected(ids, grad_out, main_grad))
+        assert not torch.equal(separate.view(torch.int32), theirs.main_grad.view(torch.int32))
 
 
 def test_bad_input():

@@ -8,16 +8,27 @@ fuse their weight-gradient accumulation (``LinearWithGradAccumulationAndAsyncCom
 - ``weight.main_grad`` present: ``accumulate(ids, grad_output, weight.main_grad)`` adds the
   gradient in place, with PyTorch CUDA's bits, touching only the rows of the ids. Then, if the
   weight has a ``grad_added_to_main_grad`` attribute (Megatron's DDP gives every parameter one),
-  it is set True and autograd gets a dummy ``[V, H]`` gradient in the weight's dtype: uninitialised
-  (``torch.empty``, no kernel), or zeros where ``weight.zero_out_wgrad`` is True. Megatron's
-  gradient hook needs a gradient to fire (with ``overlap_grad_reduce`` it asserts one), and skips
-  adding it because of the flag. Without that attribute autograd gets None: ``weight.grad`` stays
-  as it was, and nothing else is added anywhere.
+  it is set True and autograd gets a dummy ``[V, H]`` gradient in the weight's dtype,
+  uninitialised (``torch.empty``, no kernel). Megatron's gradient hook needs a gradient to fire
+  (with ``overlap_grad_reduce`` it asserts one), and skips adding it because of the flag. Without
+  that attribute autograd gets None: ``weight.grad`` stays as it was, and nothing else is added
+  anywhere.
 - No ``main_grad``: autograd gets the dense gradient, ``embedding_dense_backward`` as
   ``F.embedding``'s own backward computes it, so the function behaves exactly like ``F.embedding``.
 - ``weight.overwrite_main_grad`` True (Megatron-FSDP sets it on its parameters: a fused layer must
   then overwrite the gradient bucket it fetches, not add into ``main_grad``, which may be a stale
   view): the same, the dense gradient for Megatron-FSDP's hook to copy; nothing is added anywhere.
+- ``weight.zero_out_wgrad`` or ``weight.embwgrad_dense`` True: the same, the dense gradient.
+  Both mark a weight with more than one use in a step on this device. Megatron sets the first
+  (tied input and output embeddings, or multi-token prediction's lookups, at pipeline size 1);
+  ``torch_frontend.megatron.use_embwgrad`` sets the second where a stage looks a weight up more
+  than once without that mark (multi-token prediction's layers on the last of several pipeline
+  stages); a caller may set it on any such weight. Autograd sums the uses' gradients in the
+  weight's dtype (bf16 for bf16 parameters) and Megatron's hook adds that sum into
+  ``main_grad`` (with ``zero_out_wgrad``, whatever ``grad_added_to_main_grad`` says). A lookup
+  that added its own share into ``main_grad`` would change the bits (the sum's rounding), and
+  with ``zero_out_wgrad`` the hook's dense add would stay anyway. With the dense gradient
+  ``main_grad`` gets exactly the stock bits, at the stock cost: correct there, not faster.
 
 The dummy is a transient ``[V, H]`` allocation from the caching allocator, as in Megatron's own
 layers (its hook drops it at once); nothing writes it. Double backward is not supported.
@@ -32,6 +43,9 @@ from embwgrad_core.validate import normalize_padding_idx, type_name
 from .embedding_wgrad import _check_masked, accumulate
 
 __all__ = ["embedding"]
+
+#: A weight with one of these attributes True gets F.embedding's dense gradient (module docstring).
+_DENSE_FLAGS = ("overwrite_main_grad", "zero_out_wgrad", "embwgrad_dense")
 
 
 class _Embedding(torch.autograd.Function):
@@ -50,7 +64,7 @@ class _Embedding(torch.autograd.Function):
         if not ctx.needs_input_grad[1]:
             return None, None, None, None, None
         main_grad = getattr(weight, "main_grad", None)
-        if main_grad is None or getattr(weight, "overwrite_main_grad", False):
+        if main_grad is None or any(getattr(weight, flag, False) for flag in _DENSE_FLAGS):
             if masked is not None:  # the masked outputs are constants: no gradient flows from them
                 grad_output = grad_output.masked_fill(masked[..., None], 0)
             dense = torch.ops.aten.embedding_dense_backward(grad_output, ids, weight.shape[0], ctx.pad, False)
@@ -59,8 +73,7 @@ class _Embedding(torch.autograd.Function):
         if not hasattr(weight, "grad_added_to_main_grad"):
             return None, None, None, None, None
         weight.grad_added_to_main_grad = True
-        make = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
-        return None, make(weight.shape, dtype=weight.dtype, device=weight.device), None, None, None
+        return None, torch.empty(weight.shape, dtype=weight.dtype, device=weight.device), None, None, None
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor, *, padding_idx=None, zero_rows: bool = False,

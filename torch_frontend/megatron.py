@@ -13,7 +13,14 @@ Megatron's DDP there. With TP = 1 there is no mask. The rest of the forward is M
 all-reduce, or with ``reduce_scatter_embeddings`` the transpose to [s, b, h] and the
 reduce-scatter over the sequence, through Megatron's own mappings and the module's ``tp_group``.
 Under Megatron-FSDP (parameters marked ``overwrite_main_grad``) the backward is ``F.embedding``'s
-own dense gradient, as without embwgrad (torch_frontend.autograd).
+own dense gradient, as without embwgrad (torch_frontend.autograd). So it is for a weight with more
+than one use on one pipeline stage: autograd sums the uses' gradients in the weight's dtype and
+Megatron's hook adds that sum, so only the dense gradient keeps main_grad's bits. Megatron marks
+such a weight ``zero_out_wgrad`` at pipeline size 1 (tied input and output embeddings, or
+multi-token prediction); ``use_embwgrad`` marks ``embwgrad_dense`` a GPTModel's embedding that its
+stage looks up more than once without that mark (the main lookup plus multi-token prediction's,
+or two or more multi-token prediction layers on the last stage), and warns for both, since
+nothing gets faster there.
 
 Two differences from the stock forward, neither in the output: the mask is applied with
 ``masked_fill_`` where Megatron indexes with a boolean mask (which on CUDA synchronises with the
@@ -92,7 +99,11 @@ def use_embwgrad(model: torch.nn.Module) -> int:
     the attribute if a module lacks one that the forward reads (another megatron-core version).
     Warns (UserWarning) where a module's class has another forward than the stock one of
     megatron-core 0.13-0.16 (a subclass's own, or a later Megatron's): embwgrad's replaces it,
-    so whatever that forward does differently would be dropped.
+    so whatever that forward does differently would be dropped. Marks ``embwgrad_dense`` the
+    weight of a GPTModel's embedding that its stage looks up more than once (its ``pre_process``
+    and multi-token prediction's ``mtp_num_layers`` lookups where ``mtp_process``), and warns
+    where a weight is so marked or marked ``zero_out_wgrad`` (more than one use on the pipeline
+    stage): its backward stays the dense one, with the stock bits and cost (module docstring).
     """
     from megatron.core.tensor_parallel.layers import VocabParallelEmbedding
 
@@ -111,6 +122,18 @@ def use_embwgrad(model: torch.nn.Module) -> int:
             warnings.warn(f"{kind.__module__}.{kind.__qualname__}.forward is not the forward of megatron-core 0.13-0.16 that "
                           "embwgrad's follows (torch_frontend.megatron.vocab_parallel_forward), which replaces it: check the two "
                           "against each other", UserWarning, stacklevel=2)
+    for module in model.modules():  # a GPTModel whose stage looks its embedding up more than once, unmarked
+        word = getattr(getattr(module, "embedding", None), "word_embeddings", None)
+        if any(word is m for m in found):
+            mtp = getattr(getattr(module, "config", None), "mtp_num_layers", None) or 0
+            if bool(getattr(module, "pre_process", False)) + (int(mtp) if getattr(module, "mtp_process", False) else 0) > 1:
+                word.weight.embwgrad_dense = True
+    shared = sum(bool(getattr(m.weight, "zero_out_wgrad", False) or getattr(m.weight, "embwgrad_dense", False)) for m in found)
+    if shared:
+        warnings.warn(f"{shared} of the {len(found)} VocabParallelEmbedding weights have more than one use on this pipeline stage "
+                      "(zero_out_wgrad or embwgrad_dense: tied input and output embeddings, or multi-token prediction): "
+                      "autograd sums their uses' gradients and Megatron's hook adds the sum densely, so their backward stays "
+                      "F.embedding's dense gradient, with the stock bits and no faster", UserWarning, stacklevel=2)
     for module in found:
         module.forward = types.MethodType(vocab_parallel_forward, module)
     return len(found)
