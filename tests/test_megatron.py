@@ -252,6 +252,12 @@ def test_use_embwgrad_rejects_a_model_without_one():
         tfm.use_embwgrad(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         tfm.use_embwgrad(object())
+    with pytest.raises(TypeError, match="list of Linear, int"):
+        tfm.use_embwgrad([torch.nn.Linear(2, 2), 3])
+    with pytest.raises(TypeError, match="non-empty"):
+        tfm.use_embwgrad([])
+    with pytest.raises(ValueError, match="no megatron.core VocabParallelEmbedding \\(list of Linear, Linear\\)"):
+        tfm.use_embwgrad([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
     module = VocabParallelEmbedding.__new__(VocabParallelEmbedding)
     torch.nn.Module.__init__(module)
     with pytest.raises(TypeError, match="has no tp_group"):
@@ -287,6 +293,16 @@ def test_use_embwgrad_marks_an_embedding_its_stage_looks_up_more_than_once(pre_p
         assert tfm.use_embwgrad(gpt) == 1
     assert getattr(gpt.embedding.word_embeddings.weight, "embwgrad_dense", False) is marked
     assert any("more than one use" in str(w.message) for w in caught) is marked
+
+
+def test_use_embwgrad_takes_megatrons_model_chunks():
+    """Megatron's get_model returns a list of chunks (virtual pipeline stages); some hold no embedding.
+    Each module is changed once, also where two chunks share it."""
+    first, shared = _bare(VocabParallelEmbedding), _bare(VocabParallelEmbedding)
+    chunks = [torch.nn.Sequential(first, shared), torch.nn.Linear(2, 2), torch.nn.Sequential(shared)]
+    assert tfm.use_embwgrad(chunks) == 2
+    assert tfm.use_embwgrad(tuple(chunks)) == 2
+    assert all(m.forward.__func__ is tfm.vocab_parallel_forward for m in (first, shared))
 
 
 def test_use_embwgrad_warns_where_the_forward_is_not_megatrons():

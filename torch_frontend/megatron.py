@@ -75,6 +75,12 @@ def _fingerprint(function) -> str | None:
     return hashlib.sha256(" ".join(t.string for t in tokens).encode()).hexdigest()[:16]
 
 
+def _describe(model) -> str:
+    if isinstance(model, (list, tuple)):
+        return f"{type(model).__name__} of {', '.join(type(c).__name__ for c in model) or 'nothing'}"
+    return type(model).__name__
+
+
 def vocab_parallel_forward(self, input_: torch.Tensor) -> torch.Tensor:
     """``VocabParallelEmbedding.forward`` (megatron-core 0.13-0.16) with embwgrad's lookup; self is the module."""
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region, reduce_scatter_to_sequence_parallel_region
@@ -92,9 +98,11 @@ def vocab_parallel_forward(self, input_: torch.Tensor) -> torch.Tensor:
     return reduce_from_tensor_model_parallel_region(output_parallel, group=group)
 
 
-def use_embwgrad(model: torch.nn.Module) -> int:
+def use_embwgrad(model) -> int:
     """Give every ``VocabParallelEmbedding`` in model (itself included) embwgrad's forward.
 
+    model: a ``torch.nn.Module``, or a list or tuple of them (the model chunks that Megatron's
+    ``get_model`` returns, one per virtual pipeline stage; chunks without an embedding are fine).
     Returns how many modules it changed. Raises ValueError if there is none, or TypeError naming
     the attribute if a module lacks one that the forward reads (another megatron-core version).
     Warns (UserWarning) where a module's class has another forward than the stock one of
@@ -107,11 +115,13 @@ def use_embwgrad(model: torch.nn.Module) -> int:
     """
     from megatron.core.tensor_parallel.layers import VocabParallelEmbedding
 
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    found = [m for m in model.modules() if isinstance(m, VocabParallelEmbedding)]
+    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+    if not chunks or not all(isinstance(c, torch.nn.Module) for c in chunks):
+        raise TypeError(f"model must be a torch.nn.Module or a non-empty list or tuple of them, got {_describe(model)}")
+    modules = [m for c in chunks for m in c.modules()]
+    found = list({id(m): m for m in modules if isinstance(m, VocabParallelEmbedding)}.values())
     if not found:
-        raise ValueError(f"model holds no megatron.core VocabParallelEmbedding ({type(model).__name__})")
+        raise ValueError(f"model holds no megatron.core VocabParallelEmbedding ({_describe(model)})")
     for module in found:
         missing = [a for a in _ATTRIBUTES if not hasattr(module, a)]
         if missing:
@@ -122,7 +132,7 @@ def use_embwgrad(model: torch.nn.Module) -> int:
             warnings.warn(f"{kind.__module__}.{kind.__qualname__}.forward is not the forward of megatron-core 0.13-0.16 that "
                           "embwgrad's follows (torch_frontend.megatron.vocab_parallel_forward), which replaces it: check the two "
                           "against each other", UserWarning, stacklevel=2)
-    for module in model.modules():  # a GPTModel whose stage looks its embedding up more than once, unmarked
+    for module in modules:  # a GPTModel whose stage looks its embedding up more than once, unmarked
         word = getattr(getattr(module, "embedding", None), "word_embeddings", None)
         if any(word is m for m in found):
             mtp = getattr(getattr(module, "config", None), "mtp_num_layers", None) or 0
