@@ -721,6 +721,36 @@ def test_non_contiguous_main_grad_rejected():
     assert_bits_equal(to_numpy(main_grad), to_numpy(before))
 
 
+def test_main_grad_that_requires_grad():
+    """As PyTorch rejects an in-place op on a leaf that requires grad: rejected in grad mode, main_grad
+    untouched; under no_grad (an optimizer's update) added, with the bits."""
+    ids, grad, main_grad = _good()
+    main_grad.requires_grad_()
+    before = main_grad.detach().clone()
+    assert not torch_frontend.can_accumulate(ids, grad, main_grad)
+    with pytest.raises(ValueError, match="main_grad must not require grad"):
+        torch_frontend.accumulate(ids, grad, main_grad)
+    assert_bits_equal(to_numpy(main_grad.detach()), to_numpy(before))
+    with torch.no_grad():
+        torch_frontend.accumulate(ids, grad, main_grad)
+    expected = reference.accumulate(to_numpy(ids), to_numpy(grad), to_numpy(before))
+    assert_bits_equal(to_numpy(main_grad.detach()), expected)
+
+
+def test_outside_autograd():
+    """main_grad's version counter is bumped, as by an in-place op: a backward that saved it raises.
+    A grad that requires grad gives values and no graph."""
+    ids, grad, main_grad = _good()
+    weight = torch.ones_like(main_grad, requires_grad=True)
+    product = (main_grad * weight).sum()  # saves main_grad for its backward
+    version = main_grad._version
+    torch_frontend.accumulate(ids, grad.requires_grad_(), main_grad)
+    assert main_grad._version > version
+    assert main_grad.grad_fn is None and not main_grad.requires_grad
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        product.backward()
+
+
 @pytest.mark.parametrize("padding_idx", [5, -6, 2.0])
 def test_bad_padding_idx(padding_idx):
     ids, grad, main_grad = _good()

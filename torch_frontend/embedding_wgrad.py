@@ -78,6 +78,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime import driver
+from torch.autograd.graph import increment_version
 from triton.runtime.interpreter import InterpretedFunction
 
 from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, COMPACT_BLOCK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ROW0_BLOCK_H, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, masked_partial_programs_per_sm, merge_block, merge_sorted, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
@@ -2184,6 +2185,8 @@ def _check(ids, grad, main_grad, padding_idx) -> Problem:
         raise ValueError(
             f"ids, grad and main_grad must be on one device, got {ids.device}, {grad.device}, {main_grad.device}"
         )
+    if main_grad.requires_grad and torch.is_grad_enabled():
+        raise ValueError("main_grad must not require grad while grad mode is on: accumulate updates it in place, outside autograd")
     return problem
 
 
@@ -2261,6 +2264,12 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
     Inside torch.compile it is a graph break: Dynamo runs it as it is instead of tracing the
     launch code (so fullgraph=True cannot include it).
 
+    Outside autograd, as an optimizer's in-place update: main_grad gets values and no graph
+    (grad may require grad; no gradient flows through the call), and its version counter is
+    bumped as an in-place op bumps it, so a tensor saved for a backward that sees it changed
+    raises there. main_grad requiring grad while grad mode is on is rejected, as PyTorch rejects
+    an in-place op on a leaf that requires grad.
+
     Raises TypeError or ValueError, naming the argument, before main_grad is touched.
     """
     problem = _check(ids, grad, main_grad, padding_idx)
@@ -2278,13 +2287,15 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
         flat = None if masked is None else masked.reshape(-1).contiguous().view(torch.uint8)
         with torch.cuda.device(main_grad.device) if other_device else contextlib.nullcontext():
             _launch((ids if ids.dim() == 1 else ids.reshape(-1)).contiguous(), grad, main_grad, problem, path, zero_rows or masked is not None, flat)
+        increment_version(main_grad)  # (the kernels write it behind autograd's back; copy_ on the other routes bumps it)
     else:
-        if masked is not None:  # (these routes read every row: the masked ones zeroed first)
-            grad = grad.masked_fill(masked[..., None], 0)
-        if main_grad.device.type == "cpu":
-            _accumulate_reference(ids, grad, main_grad, problem)
-        else:
-            _accumulate_dense(ids, grad, main_grad, problem)
+        with torch.no_grad():  # (no graph from a grad that requires grad, as on the kernels' route)
+            if masked is not None:  # (these routes read every row: the masked ones zeroed first)
+                grad = grad.masked_fill(masked[..., None], 0)
+            if main_grad.device.type == "cpu":
+                _accumulate_reference(ids, grad, main_grad, problem)
+            else:
+                _accumulate_dense(ids, grad, main_grad, problem)
 
 
 def _check_masked(masked, ids) -> None:
