@@ -14,6 +14,11 @@ tokens, so that TP 2 takes the masked route of the merge sort; on a CPU (the int
 - test_under_megatrons_ddp: Megatron's own DistributedDataParallel (its grad buffer as main_grad,
   its backward hook, overlap_grad_reduce on and off, two micro-batches, bf16 parameters into fp32
   main_grad, and into a bf16 buffer with grad_reduce_in_fp32 off): the buffer holds the core's bits.
+- test_a_gpt_model_under_megatrons_ddp: a real GPTModel (local layer spec, rope, two layers) inside
+  Float16Module and Megatron's DDP, as get_model builds it, two micro-batches of the language-model
+  loss, untied, tied (share_embeddings_and_output_weights) and with one multi-token prediction
+  layer: every parameter's main_grad bitwise equal to the stock model's, and an untied embedding's
+  to the core's bits for the gradient that reached the stock lookup.
 - test_a_weight_with_more_than_one_use_under_megatrons_ddp: the weight marked zero_out_wgrad, as
   Megatron marks one with more than one use on a pipeline stage (two lookups, as multi-token
   prediction's, and a tied output matmul): under Megatron's DDP the buffer holds the stock
@@ -233,9 +238,9 @@ def _two_uses_rank(rank: int, world: int, store: str):
             ids, _ = _megatron_ids(model.embedding.vocab_start_index, model.embedding.vocab_end_index, seed=5)
             ids2, _ = _megatron_ids(model.embedding.vocab_start_index, model.embedding.vocab_end_index, seed=6)
             out = ddp(ids.to(device), ids2.to(device))
-            torch.use_deterministic_algorithms(True)
+            # (no deterministic mode: CUDA's embedding backward is the same either way, and the
+            # tied matmul's cuBLAS would need CUBLAS_WORKSPACE_CONFIG under it; both models run the same ops)
             out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(device, out.dtype))
-            torch.use_deterministic_algorithms(False)
             ddp.finish_grad_sync()
             buffers.append(model.embedding.weight.main_grad)
         assert bool(buffers[0].ne(0).any())
@@ -245,6 +250,82 @@ def _two_uses_rank(rank: int, world: int, store: str):
 def test_a_weight_with_more_than_one_use_under_megatrons_ddp(tmp_path):
     world = 2 if not HAS_CUDA or torch.cuda.device_count() >= 2 else 1
     torch.multiprocessing.spawn(_two_uses_rank, args=(world, _store(tmp_path)), nprocs=world)
+
+
+def _gpt_rank(rank: int, world: int, store: str, layout: str):
+    """A real GPTModel (local layer spec, two layers), stock and with use_embwgrad, each inside
+    Float16Module and Megatron's DDP as Megatron's get_model builds them, two micro-batches of the
+    language-model loss: every parameter's main_grad bitwise equal to the stock model's, but an
+    untied embedding's, which gets the core's bits for the gradient that reached the stock lookup
+    (on a GPU also the stock's). Tied embeddings (zero_out_wgrad at pipeline size 1) take the
+    dense gradient, so there every main_grad equals the stock model's."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
+    from megatron.core.tensor_parallel import random as tp_random
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.module import Float16Module
+
+    with _process(rank, world, store) as device:
+        if HAS_CUDA:
+            tp_random.model_parallel_cuda_manual_seed(1234)
+        else:  # the dropout RNG tracker holds CUDA states; dropout is off here
+            tp_random.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+        config = TransformerConfig(num_layers=2, hidden_size=HIDDEN, num_attention_heads=2 * world, tensor_model_parallel_size=world,
+                                   use_cpu_initialization=True, params_dtype=torch.bfloat16, bf16=True,
+                                   attention_dropout=0.0, hidden_dropout=0.0, mtp_num_layers=1 if layout == "mtp" else None)
+        spec = get_gpt_layer_local_spec()
+        mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False) if layout == "mtp" else None
+        tied = layout != "untied"  # (MTP's second lookup: Megatron marks the weight as for tied embeddings)
+        models, buffers, captured = [], [], []
+        for convert in (False, True):
+            torch.manual_seed(0)
+            gpt = GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ, mtp_block_spec=mtp,
+                           share_embeddings_and_output_weights=layout == "tied", position_embedding_type="rope").to(device)
+            if convert:
+                with torch.no_grad():  # the same parameters as the stock model's
+                    for mine, theirs in zip(gpt.parameters(), models[0].parameters()):
+                        mine.copy_(theirs)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    assert tfm.use_embwgrad(gpt) == 1
+                assert any("more than one use" in str(w.message) for w in caught) is tied
+            assert bool(getattr(gpt.embedding.word_embeddings.weight, "zero_out_wgrad", False)) is tied
+            ddp = DistributedDataParallel(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True),
+                                          Float16Module(config, gpt))
+            ddp.zero_grad_buffer()
+            mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool, device=device), diagonal=1)[None, None]
+            positions = torch.arange(SEQ, device=device)[None].expand(BATCH, SEQ)
+            expected = np.zeros(gpt.embedding.word_embeddings.weight.shape, np.float32)
+            embedding = gpt.embedding.word_embeddings
+            for step, seed in enumerate((5, 6)):
+                ids, local = (t.to(device) for t in _megatron_ids(embedding.vocab_start_index, embedding.vocab_end_index, seed))
+                got = []
+                with _lookup_gradient(got) if not convert else contextlib.nullcontext():
+                    with ddp.no_sync() if step == 0 else contextlib.nullcontext():
+                        ddp(ids, positions, mask, labels=ids.roll(-1, 1)).float().mean().backward()
+                if not convert:
+                    captured.append(got[0])
+                expected = reference.accumulate(to_numpy(local), to_numpy(captured[step]), expected)
+            ddp.finish_grad_sync()
+            models.append(gpt)
+            buffers.append({name: p.main_grad for name, p in gpt.named_parameters()})
+        stock, ours = buffers
+        assert stock.keys() == ours.keys() and any(bool(g.ne(0).any()) for g in ours.values())
+        word = "embedding.word_embeddings.weight"
+        for name in stock:
+            if name == word and not tied:
+                assert_bits_equal(to_numpy(ours[name]), expected, f"{name}, rank {rank}")
+                if HAS_CUDA:
+                    assert_bits_equal(to_numpy(ours[name]), to_numpy(stock[name]), f"{name} against the stock model's, rank {rank}")
+            else:
+                assert_bits_equal(to_numpy(ours[name]), to_numpy(stock[name]), f"{name} against the stock model's, rank {rank}")
+
+
+@pytest.mark.parametrize("layout", ["untied", "tied", "mtp"])
+def test_a_gpt_model_under_megatrons_ddp(layout, tmp_path):
+    world = 2 if not HAS_CUDA or torch.cuda.device_count() >= 2 else 1
+    torch.multiprocessing.spawn(_gpt_rank, args=(world, _store(tmp_path), layout), nprocs=world)
 
 
 def test_use_embwgrad_rejects_a_model_without_one():
