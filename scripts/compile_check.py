@@ -5,7 +5,11 @@ that are not constexpr, a variable whose type changes between branches, ...). Th
 runs the real front end, optimiser and ptxas for the H200's target, so such errors show in
 CI instead of on the GPU. It launches nothing.
 
-    python scripts/compile_check.py
+    python scripts/compile_check.py            # sm_90
+    python scripts/compile_check.py 80 100     # other compute capabilities (A100, B200)
+
+Below 9.0 the variants are compiled as the launcher runs them there (_device_traits: no
+programmatic dependent launch, so PDL and the partials kernel's L2 prefetch off).
 """
 
 import itertools
@@ -127,9 +131,15 @@ def variants():
         )
 
 
-def main():
+def main(archs=(90,)):
+    global TARGET
     failures = 0
-    for name, fn, types, constexprs in variants():
+    for arch, (name, fn, types, constexprs) in ((a, v) for a in archs for v in variants()):
+        TARGET = GPUTarget("cuda", arch, 32)
+        if arch < 90:  # as _device_traits launches there: no PDL, so no L2 prefetch either
+            constexprs = {**constexprs, "PDL": False, **({"PREFETCH_L2": False} if "PREFETCH_L2" in constexprs else {})}
+        if len(archs) > 1 or arch != 90:
+            name = f"sm_{arch} {name}"
         t = time.perf_counter()
         # The sort path's partials kernel is launched with a register target (_config's partial_maxnreg).
         options = {"maxnreg": ew.PARTIAL_MAXNREG} if fn is ew._partials_kernel and not constexprs["FEATURE_PATH"] else {}
@@ -144,4 +154,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(tuple(int(a) for a in sys.argv[1:]) or (90,)))
