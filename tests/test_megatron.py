@@ -273,7 +273,8 @@ def _gpt_rank(rank: int, world: int, store: str, layout: str):
             tp_random.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
         config = TransformerConfig(num_layers=2, hidden_size=HIDDEN, num_attention_heads=2 * world, tensor_model_parallel_size=world,
                                    use_cpu_initialization=True, params_dtype=torch.bfloat16, bf16=True,
-                                   attention_dropout=0.0, hidden_dropout=0.0, mtp_num_layers=1 if layout == "mtp" else None)
+                                   attention_dropout=0.0, hidden_dropout=0.0, mtp_num_layers=1 if layout == "mtp" else None,
+                                   **({"mtp_loss_scaling_factor": 0.1} if layout == "mtp" else {}))  # (0.13 has no default)
         spec = get_gpt_layer_local_spec()
         mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False) if layout == "mtp" else None
         tied = layout != "untied"  # (MTP's second lookup: Megatron marks the weight as for tied embeddings)
