@@ -2101,7 +2101,9 @@ def accumulate(ids: jax.Array, grad: jax.Array, main_grad: jax.Array, *, padding
     check_vma holds; main_grad must then vary over every axis that ids or grad vary over.
 
     Not under jax.vmap (custom_partitioning has no batching rule): pass a batch as ids' leading
-    dimensions, or lax.scan over micro-batches with main_grad as the carry.
+    dimensions, or lax.scan over micro-batches with main_grad as the carry. Not differentiable
+    (jax.grad through it raises NotImplementedError for custom_partitioning): it is where the
+    gradient ends, so call it outside the differentiated function, on the lookup's cotangent.
 
     Raises TypeError or ValueError, naming the argument, while tracing: main_grad is then
     neither donated nor changed. n == 0 or H == 0 returns main_grad unchanged.
