@@ -76,9 +76,9 @@ from functools import lru_cache
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.graph import increment_version
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime import driver
-from torch.autograd.graph import increment_version
 from triton.runtime.interpreter import InterpretedFunction
 
 from embwgrad_core import BF16_SCRATCH_MIN_TOKENS, CHUNK, COMPACT_BLOCK, FEATURE, FOLD_PROGRAMS_PER_SM, FOLD_ROLE_MAX_TOKENS, MASKED_LOOKUP_ID, MERGE_SORT_MAX_TOKENS, NROWS, PARTIAL_PROGRAMS_PER_SM, ROW0_BLOCK_H, ZERO_SKIP_BLOCK, ZERO_SKIP_MIN_PARTIALS, ZERO_SKIP_WIDE, masked_partial_programs_per_sm, merge_block, merge_sorted, merge_tiles, partial_buffer_rows, rows_ahead, torch_path
