@@ -29,6 +29,8 @@ EMBWGRAD_REQUIRE_MEGATRON=1, so that CI cannot skip these.
 """
 
 import contextlib
+import copy
+import io
 import os
 import types
 import warnings
@@ -112,7 +114,7 @@ def _rank(rank: int, world: int, store: str, sequence_parallel: bool, dtype: tor
         with torch.no_grad():
             ours.weight.copy_(stock.weight)
         assert tfm.use_embwgrad(ours) == 1
-        assert isinstance(ours.forward, types.MethodType) and ours.forward.__func__ is tfm.vocab_parallel_forward
+        assert ours.forward.func is tfm.vocab_parallel_forward and ours.forward.args == (ours,)
 
         # Long runs at both shards' first rows, and every rank's row 0 holds real tokens besides the
         # other shard's (looked up as 0 there).
@@ -384,7 +386,19 @@ def test_use_embwgrad_takes_megatrons_model_chunks():
     chunks = [torch.nn.Sequential(first, shared), torch.nn.Linear(2, 2), torch.nn.Sequential(shared)]
     assert tfm.use_embwgrad(chunks) == 2
     assert tfm.use_embwgrad(tuple(chunks)) == 2
-    assert all(m.forward.__func__ is tfm.vocab_parallel_forward for m in (first, shared))
+    assert all(m.forward.func is tfm.vocab_parallel_forward and m.forward.args == (m,) for m in (first, shared))
+
+
+def test_a_converted_model_pickles_and_copies():
+    """torch.save of the whole model, and copy.deepcopy (an EMA copy), keep embwgrad's forward,
+    bound to the copy."""
+    model = torch.nn.Sequential(_bare(VocabParallelEmbedding))
+    tfm.use_embwgrad(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for twin in (torch.load(buffer, weights_only=False), copy.deepcopy(model)):
+        assert twin[0] is not model[0] and twin[0].forward.func is tfm.vocab_parallel_forward and twin[0].forward.args == (twin[0],)
 
 
 def test_use_embwgrad_warns_where_the_forward_is_not_megatrons():

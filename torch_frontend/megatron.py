@@ -34,12 +34,12 @@ bitwise, and main_grad bitwise against the core reference given the gradient tha
 stock module's lookup (tests/test_megatron.py).
 """
 
+import functools
 import hashlib
 import inspect
 import io
 import textwrap
 import tokenize
-import types
 import warnings
 
 import torch
@@ -145,5 +145,7 @@ def use_embwgrad(model) -> int:
                       "autograd sums their uses' gradients and Megatron's hook adds the sum densely, so their backward stays "
                       "F.embedding's dense gradient, with the stock bits and no faster", UserWarning, stacklevel=2)
     for module in found:
-        module.forward = types.MethodType(vocab_parallel_forward, module)
+        # A partial, not a bound method: a model pickled whole (torch.save) or deep-copied keeps it,
+        # bound to the copy (a bound method pickles by name, and the module has no such attribute).
+        module.forward = functools.partial(vocab_parallel_forward, module)
     return len(found)
