@@ -657,7 +657,7 @@ def test_strided_ids_and_masked(form):
         "expanded": lambda t: t[2, 3].expand(4, 5),  # one id (and one mask bit) at stride 0
         "transposed": lambda t: t.t(),  # [10, 6]
     }[form]
-    ids, masked = view(base).to(DEVICE), view(bits).to(DEVICE)
+    ids, masked = view(base.to(DEVICE)), view(bits.to(DEVICE))  # (made on the device: a copy there of a slice is contiguous)
     assert not ids.is_contiguous() and not masked.is_contiguous()
     grad = torch.randn(*ids.shape, hidden, generator=gen).bfloat16().to(DEVICE)
     main_grad = torch.randn(vocab, hidden, generator=gen).to(DEVICE)
