@@ -95,6 +95,19 @@ def _process(rank: int, world: int, store: str):
         torch.distributed.destroy_process_group()
 
 
+def _ddp_world() -> int:
+    """TP for the tests under Megatron's DDP: 2 on a CPU (gloo) or on two GPUs, else 1."""
+    return 2 if not HAS_CUDA or torch.cuda.device_count() >= 2 else 1
+
+
+def _converts_with_warning(model) -> bool:
+    """use_embwgrad(model) converts one module; whether it warned of a weight with more than one use."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert tfm.use_embwgrad(model) == 1
+    return any("more than one use" in str(w.message) for w in caught)
+
+
 def _megatron_ids(start: int, end: int, seed: int = 5):
     """Zipf ids over the whole vocabulary, both shards' first rows among them, and Megatron's masked_input."""
     ids = torch.from_numpy(zipf_ids(BATCH * SEQ, VOCAB, seed=seed).reshape(BATCH, SEQ))
@@ -198,7 +211,7 @@ def _ddp_rank(rank: int, world: int, store: str, overlap: bool, fp32_buffer: boo
                          ids=["overlap_grad_reduce-off", "overlap_grad_reduce-on", "bf16-grad-buffer"])
 def test_under_megatrons_ddp(overlap, fp32_buffer, tmp_path):
     """fp32_buffer False: grad_reduce_in_fp32 off, so main_grad is a bf16 view of Megatron's buffer."""
-    world = 2 if not HAS_CUDA or torch.cuda.device_count() >= 2 else 1
+    world = _ddp_world()
     torch.multiprocessing.spawn(_ddp_rank, args=(world, _store(tmp_path), overlap, fp32_buffer), nprocs=world)
 
 
@@ -229,10 +242,7 @@ def _two_uses_rank(rank: int, world: int, store: str):
             ours.embedding.weight.copy_(stock.embedding.weight)
         for model in (stock, ours):
             model.embedding.weight.zero_out_wgrad = True
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            assert tfm.use_embwgrad(ours) == 1
-        assert any("more than one use" in str(w.message) for w in caught), [str(w.message) for w in caught]
+        assert _converts_with_warning(ours)
         buffers = []
         for model in (stock, ours):
             ddp = DistributedDataParallel(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
@@ -250,7 +260,7 @@ def _two_uses_rank(rank: int, world: int, store: str):
 
 
 def test_a_weight_with_more_than_one_use_under_megatrons_ddp(tmp_path):
-    world = 2 if not HAS_CUDA or torch.cuda.device_count() >= 2 else 1
+    world = _ddp_world()
     torch.multiprocessing.spawn(_two_uses_rank, args=(world, _store(tmp_path)), nprocs=world)
 
 
@@ -289,17 +299,13 @@ def _gpt_rank(rank: int, world: int, store: str, layout: str):
                 with torch.no_grad():  # the same parameters as the stock model's
                     for mine, theirs in zip(gpt.parameters(), models[0].parameters()):
                         mine.copy_(theirs)
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    assert tfm.use_embwgrad(gpt) == 1
-                assert any("more than one use" in str(w.message) for w in caught) is tied
+                assert _converts_with_warning(gpt) is tied
             assert bool(getattr(gpt.embedding.word_embeddings.weight, "zero_out_wgrad", False)) is tied
             ddp = DistributedDataParallel(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True),
                                           Float16Module(config, gpt))
             ddp.zero_grad_buffer()
             mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool, device=device), diagonal=1)[None, None]
             positions = torch.arange(SEQ, device=device)[None].expand(BATCH, SEQ)
-            expected = np.zeros(gpt.embedding.word_embeddings.weight.shape, np.float32)
             embedding = gpt.embedding.word_embeddings
             for step, seed in enumerate((5, 6)):
                 ids, local = (t.to(device) for t in _megatron_ids(embedding.vocab_start_index, embedding.vocab_end_index, seed))
@@ -307,14 +313,16 @@ def _gpt_rank(rank: int, world: int, store: str, layout: str):
                 with _lookup_gradient(got) if not convert else contextlib.nullcontext():
                     with ddp.no_sync() if step == 0 else contextlib.nullcontext():
                         ddp(ids, positions, mask, labels=ids.roll(-1, 1)).float().mean().backward()
-                if not convert:
-                    captured.append(got[0])
-                expected = reference.accumulate(to_numpy(local), to_numpy(captured[step]), expected)
+                if not convert:  # the stock lookup's ids and the gradient that reached it
+                    captured.append((local, got[0]))
             ddp.finish_grad_sync()
             models.append(gpt)
             buffers.append({name: p.main_grad for name, p in gpt.named_parameters()})
         stock, ours = buffers
         assert stock.keys() == ours.keys() and any(bool(g.ne(0).any()) for g in ours.values())
+        expected = np.zeros(models[0].embedding.word_embeddings.weight.shape, np.float32)
+        for local, grad in captured:
+            expected = reference.accumulate(to_numpy(local), to_numpy(grad), expected)
         word = "embedding.word_embeddings.weight"
         for name in stock:
             if name == word and not tied:
@@ -327,7 +335,7 @@ def _gpt_rank(rank: int, world: int, store: str, layout: str):
 
 @pytest.mark.parametrize("layout", ["untied", "tied", "mtp"])
 def test_a_gpt_model_under_megatrons_ddp(layout, tmp_path):
-    world = 2 if not HAS_CUDA or torch.cuda.device_count() >= 2 else 1
+    world = _ddp_world()
     torch.multiprocessing.spawn(_gpt_rank, args=(world, _store(tmp_path), layout), nprocs=world)
 
 
@@ -372,11 +380,8 @@ def test_use_embwgrad_marks_an_embedding_its_stage_looks_up_more_than_once(pre_p
     gpt.embedding.word_embeddings = _bare(VocabParallelEmbedding)
     gpt.pre_process, gpt.mtp_process = pre_process, mtp_process
     gpt.config = types.SimpleNamespace(mtp_num_layers=mtp_num_layers)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert tfm.use_embwgrad(gpt) == 1
+    assert _converts_with_warning(gpt) is marked
     assert getattr(gpt.embedding.word_embeddings.weight, "embwgrad_dense", False) is marked
-    assert any("more than one use" in str(w.message) for w in caught) is marked
 
 
 def test_use_embwgrad_takes_megatrons_model_chunks():

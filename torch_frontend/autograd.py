@@ -44,8 +44,12 @@ from .embedding_wgrad import _check_masked, accumulate
 
 __all__ = ["embedding"]
 
+#: A weight with one of these attributes True has more than one use in a step on this device
+#: (Megatron's mark, and embwgrad's own that torch_frontend.megatron.use_embwgrad sets).
+SHARED_FLAGS = ("zero_out_wgrad", "embwgrad_dense")
+
 #: A weight with one of these attributes True gets F.embedding's dense gradient (module docstring).
-_DENSE_FLAGS = ("overwrite_main_grad", "zero_out_wgrad", "embwgrad_dense")
+_DENSE_FLAGS = ("overwrite_main_grad", *SHARED_FLAGS)
 
 
 class _Embedding(torch.autograd.Function):

@@ -44,7 +44,7 @@ import warnings
 
 import torch
 
-from .autograd import embedding
+from .autograd import SHARED_FLAGS, embedding
 
 __all__ = ["use_embwgrad", "vocab_parallel_forward"]
 
@@ -137,8 +137,8 @@ def use_embwgrad(model) -> int:
         if any(word is m for m in found):
             mtp = getattr(getattr(module, "config", None), "mtp_num_layers", None) or 0
             if bool(getattr(module, "pre_process", False)) + (int(mtp) if getattr(module, "mtp_process", False) else 0) > 1:
-                word.weight.embwgrad_dense = True
-    shared = sum(bool(getattr(m.weight, "zero_out_wgrad", False) or getattr(m.weight, "embwgrad_dense", False)) for m in found)
+                word.weight.embwgrad_dense = True  # (one of SHARED_FLAGS)
+    shared = sum(any(getattr(m.weight, flag, False) for flag in SHARED_FLAGS) for m in found)
     if shared:
         warnings.warn(f"{shared} of the {len(found)} VocabParallelEmbedding weights have more than one use on this pipeline stage "
                       "(zero_out_wgrad or embwgrad_dense: tied input and output embeddings, or multi-token prediction): "
