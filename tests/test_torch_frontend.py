@@ -737,6 +737,22 @@ def test_main_grad_that_requires_grad():
     assert_bits_equal(to_numpy(main_grad.detach()), expected)
 
 
+def test_inference_tensor_main_grad():
+    """As PyTorch rejects an in-place update of an inference tensor outside inference mode: rejected
+    there on every route, main_grad untouched; inside torch.inference_mode() added, with the bits."""
+    ids, grad, main_grad = _good()
+    with torch.inference_mode():
+        main_grad = main_grad.clone()
+    before = to_numpy(main_grad.clone())
+    assert not torch_frontend.can_accumulate(ids, grad, main_grad)
+    with pytest.raises(ValueError, match="main_grad is an inference tensor"):
+        torch_frontend.accumulate(ids, grad, main_grad)
+    assert_bits_equal(to_numpy(main_grad), before)
+    with torch.inference_mode():
+        torch_frontend.accumulate(ids, grad, main_grad)
+    assert_bits_equal(to_numpy(main_grad), reference.accumulate(to_numpy(ids), to_numpy(grad), before))
+
+
 def test_outside_autograd():
     """main_grad's version counter is bumped, as by an in-place op: a backward that saved it raises.
     A grad that requires grad gives values and no graph."""

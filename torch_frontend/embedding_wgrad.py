@@ -2187,6 +2187,8 @@ def _check(ids, grad, main_grad, padding_idx) -> Problem:
         )
     if main_grad.requires_grad and torch.is_grad_enabled():
         raise ValueError("main_grad must not require grad while grad mode is on: accumulate updates it in place, outside autograd")
+    if main_grad.is_inference() and not torch.is_inference_mode_enabled():
+        raise ValueError("main_grad is an inference tensor: PyTorch allows its in-place update only inside torch.inference_mode()")
     return problem
 
 
@@ -2268,7 +2270,8 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
     (grad may require grad; no gradient flows through the call), and its version counter is
     bumped as an in-place op bumps it, so a tensor saved for a backward that sees it changed
     raises there. main_grad requiring grad while grad mode is on is rejected, as PyTorch rejects
-    an in-place op on a leaf that requires grad.
+    an in-place op on a leaf that requires grad, and so is an inference tensor outside
+    torch.inference_mode(), as PyTorch rejects its in-place update there.
 
     Raises TypeError or ValueError, naming the argument, before main_grad is touched.
     """
