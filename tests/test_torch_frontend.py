@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torch_frontend
-from embwgrad_core import CHUNK, FEATURE, MASKED_LOOKUP_ID, NROWS, SORT, make_plan, masked_split, reference, torch_path
+from embwgrad_core import CHUNK, FEATURE, MASKED_LOOKUP_ID, MASKED_MERGE_SORT_MAX_TOKENS, NROWS, SORT, make_plan, masked_split, reference, torch_path
 from tests.cases import ITEM_RANGE_GRIDS, ITEM_RANGE_ITEMS, Case, assert_bits_equal, assert_item_ranges, assert_partials_equal, assert_masked_flags, core_checked_on_gpu, cpu_cases, gpu_cases, item_range_folders, MASKED_ROUTE_EDGES, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids
 from torch_frontend import embedding_wgrad as ew
 
@@ -943,12 +943,25 @@ def test_gpu_tensors_at_any_offset_of_a_flat_buffer(name):
         assert_canaries_kept(buffer, out)
 
 
+#: One case per route of the hot path: the sort path's merge sort with folders (case 0, 3073 tokens),
+#: the feature path, Zipf 8192, the long-run kernel, the library sort, the masked route (merge sort
+#: and library sort) and zero_rows.
+GRAPH_CASES = ("real-uniform-3073-bfloat16", "feature-zipf-3072", "real-zipf-8192-bfloat16", "sort-merge-top-32768-zipf",
+               "sort-library-32769-uniform", "megatron-tp8-8192", f"megatron-tp8-{MASKED_MERGE_SORT_MAX_TOKENS + 1}",
+               "zero-run-below-skip-4096")
+
+
 @requires_cuda
-def test_gpu_cuda_graph_and_no_host_sync():
-    case = gpu_cases()[0]
+@pytest.mark.parametrize("name, masked", [(name, name.startswith("megatron")) for name in GRAPH_CASES])
+def test_gpu_cuda_graph_and_no_host_sync(name, masked):
+    """Every route captures into a CUDA graph with no host synchronisation (set_sync_debug_mode raises
+    on one), and the replay gives the eager call's bits."""
+    case = next(c for c in gpu_cases() if c.name == name)
     _, _, ids_t, grad_t, main_grad = gpu_inputs(case)
+    kwargs = dict(padding_idx=case.padding_idx, zero_rows=case.zero_positions is not None,
+                  masked=to_torch(case.masked()) if masked else None)
     expected = main_grad.clone()
-    torch_frontend.accumulate(ids_t, grad_t, expected)
+    torch_frontend.accumulate(ids_t, grad_t, expected, **kwargs)
     out = main_grad.clone()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # any host synchronisation raises
@@ -957,17 +970,19 @@ def test_gpu_cuda_graph_and_no_host_sync():
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             scratch = main_grad.clone()
-            torch_frontend.accumulate(ids_t, grad_t, scratch)  # warm-up: compiles outside the capture
+            torch_frontend.accumulate(ids_t, grad_t, scratch, **kwargs)  # warm-up: compiles outside the capture
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            torch_frontend.accumulate(ids_t, grad_t, out)
+            torch_frontend.accumulate(ids_t, grad_t, out, **kwargs)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     out.copy_(main_grad)
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
+    as_int = torch.int16 if out.element_size() == 2 else torch.int32
+    assert torch.equal(out.view(as_int), expected.view(as_int))
+    assert not torch.equal(out.view(as_int), main_grad.view(as_int)), "the replay added nothing"
 
 
 TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (scripts/gpu_two.sh)")
