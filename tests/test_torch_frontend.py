@@ -737,6 +737,30 @@ def test_main_grad_that_requires_grad():
     assert_bits_equal(to_numpy(main_grad.detach()), expected)
 
 
+@pytest.mark.parametrize("name", ["ids", "grad", "masked"])
+def test_input_sharing_memory_with_main_grad(name):
+    """As PyTorch's in-place ops reject an input that overlaps their output: ids, grad or masked in
+    main_grad's memory is a ValueError, main_grad untouched; beside it in one buffer, added."""
+    buffer = torch.zeros(64, device=DEVICE)
+    main_grad = buffer[16:36].view(5, 4)
+    main_grad.copy_(torch.randn(5, 4))
+    ids, grad, masked = torch.tensor([1, 2, 1], device=DEVICE), torch.randn(3, 4, device=DEVICE), torch.zeros(3, dtype=torch.bool, device=DEVICE)
+    # (element ranges of the float buffer; main_grad is [16, 36))
+    placed = {"ids": lambda at: buffer[at:at + 3].view(torch.int32).copy_(ids),
+              "grad": lambda at: buffer[at:at + 12].view(3, 4).copy_(grad),
+              "masked": lambda at: buffer[at:at + 1].view(torch.bool)[:3].copy_(masked)}[name]
+    inside = placed({"ids": 34, "grad": 8, "masked": 20}[name])  # ids and masked start in main_grad, grad ends in it
+    args = {"ids": ids, "grad": grad, "masked": masked, name: inside}
+    before = to_numpy(main_grad.clone())  # (after the placing, which wrote into main_grad)
+    assert name == "masked" or not torch_frontend.can_accumulate(args["ids"], args["grad"], main_grad)
+    with pytest.raises(ValueError, match=f"{name} and main_grad share memory"):
+        torch_frontend.accumulate(args["ids"], args["grad"], main_grad, masked=args["masked"])
+    assert_bits_equal(to_numpy(main_grad), before)
+    args[name] = placed({"ids": 36, "grad": 4, "masked": 36}[name])  # ends just before main_grad, or starts just after it
+    torch_frontend.accumulate(args["ids"], args["grad"], main_grad, masked=args["masked"])
+    assert_bits_equal(to_numpy(main_grad), reference.accumulate(to_numpy(ids), to_numpy(grad), before))
+
+
 def test_inference_tensor_main_grad():
     """As PyTorch rejects an in-place update of an inference tensor outside inference mode: rejected
     there on every route, main_grad untouched; inside torch.inference_mode() added, with the bits."""

@@ -2189,7 +2189,24 @@ def _check(ids, grad, main_grad, padding_idx) -> Problem:
         raise ValueError("main_grad must not require grad while grad mode is on: accumulate updates it in place, outside autograd")
     if main_grad.is_inference() and not torch.is_inference_mode_enabled():
         raise ValueError("main_grad is an inference tensor: PyTorch allows its in-place update only inside torch.inference_mode()")
+    _check_no_overlap(ids, "ids", main_grad)
+    _check_no_overlap(grad, "grad", main_grad)
     return problem
+
+
+def _check_no_overlap(t: torch.Tensor, name: str, main_grad: torch.Tensor) -> None:
+    """As PyTorch's in-place ops reject an input that shares memory with their output: main_grad is
+    written while t is read, so memory of both would give other bits (a race on the GPU). Exact for
+    views at any offset of one buffer (t's strides are never negative in torch; an empty tensor
+    spans nothing); about 1 us of host time at most."""
+    if not (t.numel() and main_grad.numel()):
+        return
+    start = main_grad.data_ptr()
+    first = t.data_ptr()
+    if first >= start + main_grad.numel() * main_grad.element_size():
+        return
+    if first >= start or first + (sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1) * t.element_size() > start:
+        raise ValueError(f"{name} and main_grad share memory: main_grad is written while {name} is read")
 
 
 def _check_args(ids_shape, ids_dtype, grad_shape, grad_dtype, main_grad_shape, main_grad_dtype, padding_idx) -> Problem:
@@ -2271,7 +2288,9 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
     bumped as an in-place op bumps it, so a tensor saved for a backward that sees it changed
     raises there. main_grad requiring grad while grad mode is on is rejected, as PyTorch rejects
     an in-place op on a leaf that requires grad, and so is an inference tensor outside
-    torch.inference_mode(), as PyTorch rejects its in-place update there.
+    torch.inference_mode(), as PyTorch rejects its in-place update there. ids, grad or masked
+    sharing memory with main_grad is rejected, as PyTorch's in-place ops reject an input that
+    overlaps their output.
 
     Raises TypeError or ValueError, naming the argument, before main_grad is touched.
     """
@@ -2280,6 +2299,7 @@ def accumulate(ids: torch.Tensor, grad: torch.Tensor, main_grad: torch.Tensor, *
         raise TypeError(f"zero_rows must be a bool, got {type_name(zero_rows)}")
     if masked is not None:
         _check_masked(masked, ids)
+        _check_no_overlap(masked, "masked", main_grad)
     if problem.num_tokens == 0 or problem.hidden == 0:
         return
     path = torch_path(problem.num_tokens)
