@@ -22,22 +22,22 @@ import os
 import time
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import jax
+import jax_frontend
 import torch_frontend
 from embwgrad_core import reference
 from embwgrad_core import CHUNK, FEATURE_PATH_MAX_TOKENS, MASKED_MERGE_SORT_MAX_TOKENS, MERGE_SORT_MAX_TOKENS
 from embwgrad_core.constants import BF16_SCRATCH_MIN_TOKENS, FOLD_ROLE_MAX_TOKENS
 from embwgrad_core.validate import normalize_padding_idx
 from tests.cases import assert_bits_equal, zipf_ids
-from tests.test_torch_frontend import TORCH_DTYPES, dense_reference, poisoned_scratch, to_numpy  # noqa: F401 (poisoned_scratch: autouse here too)
+from tests.test_cross_framework import requires_gpus
+from tests.test_torch_frontend import DEVICE, TORCH_DTYPES, assert_rows_bits_equal, dense_reference, requires_cuda, to_numpy
+from tests.test_torch_frontend import poisoned_scratch  # noqa: F401 (autouse: this module's scratch is poisoned too)
 from torch_frontend.embedding_wgrad import FOLDERS_MAX_TOKENS
-
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if HAS_CUDA else "cpu"  # (make_inputs runs on the CPU too, for the draws' own test)
 EXAMPLES = int(os.environ.get("EMBWGRAD_RANDOM_EXAMPLES", "32"))
 #: A file to which each GPU example appends a line: the test, its seconds, the problem (for a campaign's record).
 LOG = os.environ.get("EMBWGRAD_RANDOM_LOG")
@@ -145,14 +145,6 @@ def expected_bits(ids, grad, main_grad, masked, padding_idx):
     return dense_reference(ids, grad, spare, padding)[:vocab]
 
 
-def assert_same_bits(out, expected, p):
-    as_int = torch.int16 if out.element_size() == 2 else torch.int32
-    differ = (out.view(as_int) != expected.view(as_int)).any(dim=1)
-    if differ.any():
-        bad = differ.nonzero().flatten()[:4]
-        assert_bits_equal(to_numpy(out[bad]), to_numpy(expected[bad]), f"rows {bad.tolist()} of {p}")
-
-
 @settings(RANDOM_SMALL, max_examples=30)
 @given(p=problems(max_n=256, max_hidden=100, max_elements=2**16))
 def test_random_oracle_is_the_core_reference(p):
@@ -193,7 +185,7 @@ SESSION_70_FAILURE = dict(n=94228, hidden=1031, vocab=16, rows=2, dist="zipf", z
                           main_dtype="bfloat16", padding="occurring", zero_rows=True, masked=True, seed=4096)
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (the interpreter tests draw their own random inputs)")
+@requires_cuda
 @settings(RANDOM, max_examples=EXAMPLES)
 @given(p=problems())
 @example(p=SESSION_70_FAILURE)
@@ -210,18 +202,10 @@ def torch_example(p):
     for _ in range(2):
         out = main_grad.clone()
         torch_frontend.accumulate(ids, poisoned(grad, masked), out, padding_idx=padding_idx, zero_rows=p["zero_rows"], masked=masked)
-        assert_same_bits(out, expected, p)
+        assert_rows_bits_equal(out, expected, f" of {p}")
 
 
-try:
-    import jax
-
-    ON_JAX_GPU = HAS_CUDA and jax.default_backend() == "gpu"
-except ImportError:  # a torch-only environment
-    ON_JAX_GPU = False
-
-
-@pytest.mark.skipif(not ON_JAX_GPU, reason="needs CUDA in torch and a GPU backend in jax")
+@requires_gpus
 @settings(RANDOM, max_examples=max(1, EXAMPLES // 4))
 @given(p=problems(int64_ids=False))
 def test_gpu_random_inputs_jax(p):
@@ -231,8 +215,6 @@ def test_gpu_random_inputs_jax(p):
 
 
 def jax_example(p):
-    import jax_frontend
-
     ids, grad, main_grad, masked, padding_idx = make_inputs(p)
     expected = expected_bits(ids, grad, main_grad, masked, padding_idx)
     to_jax = jax.dlpack.from_dlpack
@@ -240,4 +222,4 @@ def jax_example(p):
                                   jax.numpy.array(to_jax(main_grad), copy=True), padding_idx=padding_idx,
                                   zero_rows=p["zero_rows"], masked=None if masked is None else jax.numpy.asarray(masked.cpu().numpy()))
     out.block_until_ready()
-    assert_same_bits(torch.from_dlpack(out), expected, p)
+    assert_rows_bits_equal(torch.from_dlpack(out), expected, f" of {p}")

@@ -886,6 +886,15 @@ def dense_reference(ids, grad, main_grad, padding_idx):
         torch.use_deterministic_algorithms(prior)
 
 
+def assert_rows_bits_equal(out, expected, what: str = ""):
+    """Two [V, H] tensors on the device bit for bit, copying only the first differing rows to the host."""
+    as_int = torch.int16 if out.element_size() == 2 else torch.int32
+    differ = (out.view(as_int) != expected.view(as_int)).any(dim=1)
+    if differ.any():
+        bad = differ.nonzero().flatten()[:4]
+        assert_bits_equal(to_numpy(out[bad]), to_numpy(expected[bad]), f"rows {bad.tolist()}{what}")
+
+
 def gpu_inputs(case: Case):
     ids, grad = case.ids_and_grad()
     gen = torch.Generator(device="cuda").manual_seed(case.seed)
@@ -902,11 +911,7 @@ def test_gpu_bitwise_against_dense_and_core(case: Case):
     torch_frontend.accumulate(ids_t, grad_t, out, padding_idx=case.padding_idx, zero_rows=case.zero_positions is not None)
     # main_grad holds no -0.0, so the dense path's +0 in absent rows leaves their bits: the
     # whole tensor compares, absent rows included.
-    as_int = torch.int16 if out.element_size() == 2 else torch.int32
-    differ = (out.view(as_int) != expected.view(as_int)).any(dim=1)
-    if differ.any():
-        bad = differ.nonzero().flatten()[:4]
-        assert_bits_equal(to_numpy(out[bad]), to_numpy(expected[bad]), f"rows {bad.tolist()}")
+    assert_rows_bits_equal(out, expected)
     if core_checked_on_gpu(case):
         rows, new = case.expected_rows(ids, grad, lambda r: to_numpy(main_grad[torch.from_numpy(r).cuda()]))
         assert_bits_equal(to_numpy(out[torch.from_numpy(rows).cuda()]), new, "core reference rows")
