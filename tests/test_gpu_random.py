@@ -39,6 +39,9 @@ from tests.test_torch_frontend import DEVICE, TORCH_DTYPES, assert_rows_bits_equ
 from tests.test_torch_frontend import poisoned_scratch  # noqa: F401 (autouse: this module's scratch is poisoned too)
 from torch_frontend.embedding_wgrad import FOLDERS_MAX_TOKENS
 EXAMPLES = int(os.environ.get("EMBWGRAD_RANDOM_EXAMPLES", "32"))
+#: The GPU tests' fewest tokens (default 1): a campaign on the routes of large n only, say
+#: 65537 for the library sort (a uniform draw of n misses them: 16 of 403 examples in NOTES v71).
+MIN_TOKENS = int(os.environ.get("EMBWGRAD_RANDOM_MIN_TOKENS", "1"))
 #: A file to which each GPU example appends a line: the test, its seconds, the problem (for a campaign's record).
 LOG = os.environ.get("EMBWGRAD_RANDOM_LOG")
 
@@ -57,12 +60,16 @@ RANDOM_SMALL = settings(RANDOM, derandomize=True)  # (the CPU's draws, the same 
 
 
 @st.composite
-def problems(draw, int64_ids: bool = True, max_n: int = 2**17, max_hidden: int = max(HIDDEN), max_elements: int = MAX_ELEMENTS):
-    """A dict of the drawn problem's parameters (the arrays are made from its seed on the device)."""
+def problems(draw, int64_ids: bool = True, min_n: int = 1, max_n: int = 2**17, max_hidden: int = max(HIDDEN),
+             max_elements: int = MAX_ELEMENTS):
+    """A dict of the drawn problem's parameters (the arrays are made from its seed on the device).
+    n lies in [min_n, max_n]: a threshold or log-uniform draw below min_n is drawn again uniformly."""
     if draw(st.booleans()):
         n = draw(st.sampled_from(THRESHOLDS)) + draw(st.sampled_from((-1, 0, 1, 9)))
     else:
         n = draw(st.integers(0, 16).flatmap(lambda b: st.integers(2**b, 2 ** (b + 1))))
+    if n < min_n:
+        n = draw(st.integers(min_n, max(min_n, max_n)))
     n = min(max(n, 1), max_n)
     hidden = draw(st.sampled_from([h for h in HIDDEN if n * h <= max_elements and h <= max_hidden]))
     vocab = draw(st.one_of(st.integers(1, 64), st.integers(65, max(65, min(MAX_VOCAB, max_elements // hidden)))))
@@ -158,6 +165,16 @@ def test_random_oracle_is_the_core_reference(p):
     assert_bits_equal(to_numpy(expected), core)
 
 
+@settings(RANDOM_SMALL, max_examples=40)
+@given(p=problems(min_n=MASKED_MERGE_SORT_MAX_TOKENS + 1))
+def test_random_problems_keep_to_their_bounds(p):
+    """A campaign narrowed to large n (EMBWGRAD_RANDOM_MIN_TOKENS) draws only there, and every draw
+    fits the GPU tests' bounds: grad and main_grad of at most MAX_ELEMENTS elements, ids' rows dividing n."""
+    assert MASKED_MERGE_SORT_MAX_TOKENS < p["n"] <= 2**17
+    assert p["n"] * p["hidden"] <= MAX_ELEMENTS and 1 <= p["vocab"] <= max(65, min(MAX_VOCAB, MAX_ELEMENTS // p["hidden"]))
+    assert p["n"] % p["rows"] == 0
+
+
 @contextlib.contextmanager
 def logged(test: str, p: dict):
     """Appends the example's line to LOG (if set) once it has passed or failed, with the error's
@@ -180,14 +197,15 @@ def poisoned(grad, masked):
 
 
 #: Failed once on an H100 in session 70's campaign (the 192nd example of one of three processes; 578
-#: passed), and passed there alone without the poisoned scratch; not yet explained (benchmarks/NOTES.md v70).
+#: passed), its error not kept. Not reproduced since (NOTES v71): it and 16 variants 54 times with and
+#: without the poisoned scratch, under initcheck, and among 3190 random examples of its route; not yet explained.
 SESSION_70_FAILURE = dict(n=94228, hidden=1031, vocab=16, rows=2, dist="zipf", zipf_a=2.5, outside=1.0, id_dtype="int64", grad_dtype="float32",
                           main_dtype="bfloat16", padding="occurring", zero_rows=True, masked=True, seed=4096)
 
 
 @requires_cuda
 @settings(RANDOM, max_examples=EXAMPLES)
-@given(p=problems())
+@given(p=problems(min_n=MIN_TOKENS))
 @example(p=SESSION_70_FAILURE)
 def test_gpu_random_inputs_torch(p):
     """torch_frontend.accumulate against the dense path, twice (the second call replays the
@@ -207,7 +225,7 @@ def torch_example(p):
 
 @requires_gpus
 @settings(RANDOM, max_examples=max(1, EXAMPLES // 4))
-@given(p=problems(int64_ids=False))
+@given(p=problems(int64_ids=False, min_n=MIN_TOKENS))
 def test_gpu_random_inputs_jax(p):
     """jax_frontend.accumulate (int32 ids, as JAX without x64 has them) against the dense path."""
     with logged("jax", p):
