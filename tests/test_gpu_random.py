@@ -68,9 +68,10 @@ def problems(draw, int64_ids: bool = True, min_n: int = 1, max_n: int = 2**17, m
         n = draw(st.sampled_from(THRESHOLDS)) + draw(st.sampled_from((-1, 0, 1, 9)))
     else:
         n = draw(st.integers(0, 16).flatmap(lambda b: st.integers(2**b, 2 ** (b + 1))))
+    n = max(n, 1)
     if n < min_n:
         n = draw(st.integers(min_n, max(min_n, max_n)))
-    n = min(max(n, 1), max_n)
+    n = min(n, max_n)
     hidden = draw(st.sampled_from([h for h in HIDDEN if n * h <= max_elements and h <= max_hidden]))
     vocab = draw(st.one_of(st.integers(1, 64), st.integers(65, max(65, min(MAX_VOCAB, max_elements // hidden)))))
     masked = draw(st.booleans())
