@@ -4,6 +4,7 @@ A case is data only (NumPy arrays from a seed), so each framework's tests build 
 tensors from the same bits. Values are random normals at several scales, never all zeros.
 """
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -334,6 +335,13 @@ def gpu_cases() -> list[Case]:
         n = 5000 if i % 2 == 0 else 2000
         cases.append(Case(f"dtypes-{gdt}-{mdt}-{n}", zipf_ids(n, 3000, seed=20 + i), 320, 3000, gdt, mdt, seed=20 + i))
     return cases
+
+
+@functools.cache
+def gpu_case_bytes() -> dict[str, int]:
+    """Each GPU case's name and the bytes of its [V, H] main_grad as fp32 (tests/conftest.py groups
+    the tests that hold a GiB or more)."""
+    return {c.name: c.num_embeddings * c.hidden * 4 for c in gpu_cases()}
 
 
 def core_checked_on_gpu(case: Case) -> bool:

@@ -83,6 +83,7 @@ HUGE_GRADS = [(32768, 65537, 3000), (2**19, 4099, 20000), (3072, 699053, 64)]
 
 
 @requires_gpus
+@pytest.mark.gpu_memory  # grad of 4.3 GB and more (tests/conftest.py)
 @pytest.mark.parametrize("n, hidden, vocab", HUGE_GRADS, ids=lambda v: str(v))
 def test_gpu_grad_of_more_than_2_31_elements(n, hidden, vocab):
     """Every address in 64 bits: torch against the dense path, JAX against torch, bit for bit."""

@@ -1022,6 +1022,7 @@ def test_gpu_cases_match_core_reference(case: Case):
 
 
 @requires_gpu
+@pytest.mark.gpu_memory  # main_grad at the real shape (tests/conftest.py)
 def test_gpu_in_place_extra_memory_is_a_few_n_h():
     vocab, hidden, n = 129280, 7168, 8192
     per_nh = n * hidden * 4

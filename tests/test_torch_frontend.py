@@ -934,6 +934,7 @@ def test_gpu_masked_megatron_bitwise(case: Case):
 
 
 @requires_cuda
+@pytest.mark.gpu_memory  # main_grad at the real shape (tests/conftest.py)
 def test_gpu_replayed_launches_give_the_same_bits():
     # The first call of a key records its compiled kernels; later calls launch them directly.
     case = next(c for c in gpu_cases() if c.name == "real-uniform-8192-bfloat16")
@@ -1046,6 +1047,7 @@ def test_gpu_tensors_on_a_gpu_that_is_not_the_current_one(name):
 
 
 @requires_cuda
+@pytest.mark.gpu_memory  # main_grad at the real shape (tests/conftest.py)
 def test_gpu_extra_memory_is_a_few_n_h():
     case = next(c for c in gpu_cases() if c.name == "real-uniform-8192-bfloat16")
     _, _, ids_t, grad_t, main_grad = gpu_inputs(case)
