@@ -33,9 +33,9 @@ if os.environ.get("EMBWGRAD_REQUIRE_GPU") == "1" and not HAS_CUDA:
 # GPU memory and the GPU suite's schedule. The GPU suite runs in several processes (scripts/gpu_all.sh,
 # pytest-xdist). A test at the real shape holds GiBs of device memory (main_grad [129280, 7168] fp32
 # is 3.45 GiB, and a test may hold four such), and each process keeps what it used: torch's caching
-# allocator and JAX's pool (XLA's BFC allocator grows and never gives memory back). Four such tests
-# at once, beside the other processes' pools, exhausted an 80 GB H100 (session 72: three tests
-# failed out of memory), so every test that may hold a GiB or more goes into one xdist group: under
+# allocator and JAX's pool (XLA's BFC allocator grows and never gives memory back). Dealt out one by
+# one to four processes, such tests side by side and what the processes kept exhausted an 80 GB H100
+# (session 72: three tests failed out of memory), so every test that may hold a GiB or more goes into one xdist group: under
 # `--dist loadgroup` they run one at a time, in one process. Every other test is grouped with the
 # other parameters of its function, so that one process compiles that function's kernels (dealt out
 # one by one, the same 444 tests took 1.46 times as long in all as in chunks: session 72).
