@@ -338,10 +338,9 @@ def gpu_cases() -> list[Case]:
 
 
 @functools.cache
-def gpu_case_bytes() -> dict[str, int]:
-    """Each GPU case's name and the bytes of its [V, H] main_grad as fp32 (tests/conftest.py groups
-    the tests that hold a GiB or more)."""
-    return {c.name: c.num_embeddings * c.hidden * 4 for c in gpu_cases()}
+def gpu_cases_by_name() -> dict[str, Case]:
+    """The GPU cases by name (tests/conftest.py reads a test's parameter that names one)."""
+    return {c.name: c for c in gpu_cases()}
 
 
 def core_checked_on_gpu(case: Case) -> bool:

@@ -35,10 +35,11 @@ if os.environ.get("EMBWGRAD_REQUIRE_GPU") == "1" and not HAS_CUDA:
 # is 3.45 GiB, and a test may hold four such), and each process keeps what it used: torch's caching
 # allocator and JAX's pool (XLA's BFC allocator grows and never gives memory back). Dealt out one by
 # one to four processes, such tests side by side and what the processes kept exhausted an 80 GB H100
-# (session 72: three tests failed out of memory), so every test that may hold a GiB or more goes into one xdist group: under
-# `--dist loadgroup` they run one at a time, in one process. Every other test is grouped with the
-# other parameters of its function, so that one process compiles that function's kernels (dealt out
-# one by one, the same 444 tests took 1.46 times as long in all as in chunks: session 72).
+# (session 72: three tests failed out of memory), so every test that may hold a GiB or more goes
+# into one xdist group: under `--dist loadgroup` they run one at a time, in one process. Every other
+# test is grouped with the other parameters of its function, so that one process compiles that
+# function's kernels (dealt out one by one, the same 444 tests took 1.46 times as long in all as in
+# chunks: session 72).
 GPU_MEMORY_GROUP = "gpu-memory"
 GPU_MEMORY_BYTES = 2**30  #: a case whose main_grad (as fp32) reaches this is big
 
@@ -66,12 +67,11 @@ def _holds_gpu_memory(item) -> bool:
     if item.get_closest_marker("gpu_memory"):
         return True
     params = getattr(getattr(item, "callspec", None), "params", {})
-    from tests.cases import Case, gpu_case_bytes  # (collection time: after the environment above is set)
+    from tests.cases import Case, gpu_cases_by_name  # (collection time: after the environment above is set)
 
     for value in params.values():
-        if isinstance(value, Case) and value.num_embeddings * value.hidden * 4 >= GPU_MEMORY_BYTES:
-            return True
-        if isinstance(value, str) and gpu_case_bytes().get(value, 0) >= GPU_MEMORY_BYTES:
+        case = gpu_cases_by_name().get(value) if isinstance(value, str) else value
+        if isinstance(case, Case) and case.num_embeddings * case.hidden * 4 >= GPU_MEMORY_BYTES:
             return True
     return False
 
