@@ -51,14 +51,17 @@ def poisoned_scratch(monkeypatch):
     """Every scratch tensor a stage allocates comes filled with 0xFF bytes (NaN, -1), so that a
     kernel reading scratch it never wrote shows in the bits (fresh memory is often zeros, which
     hid such a read: the zero-skip bug of NOTES v49). A replay's own scratch is not poisoned."""
-    empty = ew._Launcher.empty
+    monkeypatch.setattr(ew._Launcher, "empty", poisoning(ew._Launcher.empty))
 
+
+def poisoning(empty):
+    """_Launcher.empty made to fill what it allocates with 0xFF bytes."""
     def poisoned(self, *shape, dtype, device):
         t = empty(self, *shape, dtype=dtype, device=device)
         t.view(torch.uint8).fill_(0xFF)
         return t
 
-    monkeypatch.setattr(ew._Launcher, "empty", poisoned)
+    return poisoned
 
 
 def run_kernels(case: Case, ids, grad, main_grad):
