@@ -11,6 +11,12 @@ dimension and over partials/runs, with every fp32 addition done in the order PyT
 * ``main_grad[id] = round_main(main_grad[id] + gw)``, one fp32 add and one rounding.
 
 Rows of ids that do not occur, of padding_idx, and of ids outside [0, V) are left as they were.
+
+This is the order PyTorch's kernels are written to follow. Its feature kernel (n <= 3072) can
+race from 1025 tokens: a warp may reload the shared ids of the next batch of 1024 while another
+still reads them (pytorch/pytorch pull request 187687). The race never fired natively in the
+project's runs, but it does under compute-sanitizer; there this reference keeps the race-free
+bits and PyTorch does not (README, "What it guarantees").
 """
 
 import numpy as np
