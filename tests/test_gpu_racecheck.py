@@ -44,7 +44,7 @@ ROUTES = {
     "library-sort": dict(BASE, n=MASKED_MERGE_SORT_MAX_TOKENS + 4096, hidden=64, vocab=50000, id_dtype="int64"),
     "library-sort-masked": dict(TP8, n=MASKED_MERGE_SORT_MAX_TOKENS + 4096, hidden=8, outside=0.05, id_dtype="int64"),
 }
-#: JAX takes int32 ids; its routes change at the same thresholds but for torch's folders.
+#: The routes run through JAX (with int32 ids): its feature path, merge sort, masked merge sort and lax.sort.
 JAX_ROUTES = ("feature-bf16-scratch", "feature-masked", "merge", "merge-long-runs", "masked-merge", "library-sort")
 CLEAN = re.compile(r"RACECHECK SUMMARY: 0 hazards displayed \(0 errors, 0 warnings\)")
 
