@@ -8,8 +8,8 @@ for granted without a barrier shows, as a hazard and often in the bits. The orac
 the core reference, not PyTorch's dense path: PyTorch's own n <= 3072 kernel reuses a
 shared-memory index buffer across its batches of 1024 tokens without a barrier between them
 (pytorch/pytorch pull request 187687), and under the tool it gives other bits from 1025 tokens,
-instrumented or not (natively it gave the same bits in each of 430,400 runs on an H100; the
-random GPU tests check the core reference against it: NOTES v73). A machine without
+instrumented or not (natively it gave the same bits in each of 430,400 runs on an H100, and the
+other GPU tests hold ours to it: NOTES v73). A machine without
 compute-sanitizer skips these tests, except under EMBWGRAD_REQUIRE_GPU=1 (the GPU scripts), where
 that fails.
 """
