@@ -56,11 +56,10 @@ def racecheck(frontend: str, names) -> str:
         if os.environ.get("EMBWGRAD_REQUIRE_GPU") == "1":
             pytest.fail("EMBWGRAD_REQUIRE_GPU=1 but compute-sanitizer is not on PATH")
         pytest.skip("needs compute-sanitizer on PATH")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (python -m puts it on sys.path)
     run = subprocess.run([tool, "--tool", "racecheck", "--racecheck-report", "hazard",
                           sys.executable, "-m", "tests.test_gpu_racecheck", frontend, *names],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=400)
+                         cwd=root, capture_output=True, text=True, timeout=400)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-6000:]
     return out

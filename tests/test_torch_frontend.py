@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import torch_frontend
 from embwgrad_core import CHUNK, FEATURE, MASKED_LOOKUP_ID, MASKED_MERGE_SORT_MAX_TOKENS, NROWS, SORT, make_plan, masked_split, reference, torch_path
-from tests.cases import ITEM_RANGE_GRIDS, ITEM_RANGE_ITEMS, Case, assert_bits_equal, assert_item_ranges, assert_partials_equal, assert_masked_flags, core_checked_on_gpu, cpu_cases, gpu_cases, item_range_folders, MASKED_ROUTE_EDGES, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids
+from tests.cases import ITEM_RANGE_GRIDS, ITEM_RANGE_ITEMS, Case, assert_bits_equal, assert_item_ranges, assert_partials_equal, assert_masked_flags, core_checked_on_gpu, cpu_cases, gpu_cases, gpu_cases_by_name, item_range_folders, MASKED_ROUTE_EDGES, masked_arrays, masked_route_edge, masked_row0_tokens, masked_tokens, runs_ids
 from torch_frontend import embedding_wgrad as ew
 
 HAS_CUDA = torch.cuda.is_available()
@@ -940,7 +940,7 @@ def test_gpu_masked_megatron_bitwise(case: Case):
 @pytest.mark.gpu_memory  # main_grad at the real shape (tests/conftest.py)
 def test_gpu_replayed_launches_give_the_same_bits():
     # The first call of a key records its compiled kernels; later calls launch them directly.
-    case = next(c for c in gpu_cases() if c.name == "real-uniform-8192-bfloat16")
+    case = gpu_cases_by_name()["real-uniform-8192-bfloat16"]
     _, _, ids_t, grad_t, main_grad = gpu_inputs(case)
     problem = ew._check(ids_t, grad_t, main_grad, None)
     key = ew._call_key(ids_t, grad_t, main_grad, problem, torch_path(case.num_tokens))
@@ -963,7 +963,7 @@ def test_gpu_tensors_at_any_offset_of_a_flat_buffer(name):
     alignment, so alignment is part of the launch key (_call_key): the offsets alternate, so that
     each key's recorded launches are replayed after another key's call. Two misaligned forms:
     main_grad alone (Megatron's case) and every tensor (two more compilations of each kernel)."""
-    case = next(c for c in gpu_cases() if c.name == name)
+    case = gpu_cases_by_name()[name]
     ids, grad, ids_t, grad_t, main_grad = gpu_inputs(case)
     masked = case.masked()
     masked_t = None if masked is None else to_torch(masked)
@@ -989,7 +989,7 @@ GRAPH_CASES = ("real-uniform-3073-bfloat16", "feature-zipf-3072", "real-zipf-819
 def test_gpu_cuda_graph_and_no_host_sync(name, masked):
     """Every route captures into a CUDA graph with no host synchronisation (set_sync_debug_mode raises
     on one), and the replay gives the eager call's bits."""
-    case = next(c for c in gpu_cases() if c.name == name)
+    case = gpu_cases_by_name()[name]
     _, _, ids_t, grad_t, main_grad = gpu_inputs(case)
     kwargs = dict(padding_idx=case.padding_idx, zero_rows=case.zero_positions is not None,
                   masked=to_torch(case.masked()) if masked else None)
@@ -1029,7 +1029,7 @@ def test_gpu_tensors_on_a_gpu_that_is_not_the_current_one(name):
     current, and gives the dense path's bits there, on either side of the same call on cuda:0
     (launches are replayed per device: _call_key). The feature path, the merge sort, and the
     masked route without folders."""
-    case = next(c for c in gpu_cases() if c.name == name)
+    case = gpu_cases_by_name()[name]
     ids, grad = case.ids_and_grad()
     masked = case.masked()
     torch.cuda.set_device(0)
@@ -1052,7 +1052,7 @@ def test_gpu_tensors_on_a_gpu_that_is_not_the_current_one(name):
 @requires_cuda
 @pytest.mark.gpu_memory  # main_grad at the real shape (tests/conftest.py)
 def test_gpu_extra_memory_is_a_few_n_h():
-    case = next(c for c in gpu_cases() if c.name == "real-uniform-8192-bfloat16")
+    case = gpu_cases_by_name()["real-uniform-8192-bfloat16"]
     _, _, ids_t, grad_t, main_grad = gpu_inputs(case)
     torch_frontend.accumulate(ids_t, grad_t, main_grad)  # compile
     torch.cuda.synchronize()
