@@ -19,8 +19,8 @@
 # (session 72), and in one whole call with the whole benchmark all 770 tests passed or skipped in
 # 340 s of the 433 s left, memory peaking at 56.6 GiB (session 73, before tests/test_gpu_racecheck.py
 # added about 112 s of worker time). With it, on an H200, all 772 tests passed or skipped in 260 s of
-# the 458 s left, memory peaking at 53.4 of 140.4 GiB (session 74). The summary gives that peak (nvidia-smi each second). A suite
-# cut short names the tests it did not reach (collected minus reported).
+# the 458 s left, memory peaking at 53.4 of 140.4 GiB (session 74). The summary gives that peak
+# (nvidia-smi each second). A suite cut short names the tests it did not reach (collected minus reported).
 set -u
 start=$SECONDS
 source "$(dirname "$0")/gpu_env.sh"
