@@ -11,6 +11,7 @@ F.embedding takes it, zero_rows, and masked (its rows poisoned with NaN, expecte
 Each run of the suite draws new examples (no example database); a failure prints the example and
 the `--hypothesis-seed` that draws it again. EMBWGRAD_RANDOM_EXAMPLES sets the torch test's number
 of examples (default 32); the JAX test takes a quarter of it, since XLA compiles each new shape.
+EMBWGRAD_RANDOM_SECONDS ends a campaign cleanly within a time limit: no example starts after it.
 On the CPU both skip (the interpreter tests draw their own random inputs: test_torch_frontend's
 and test_jax_frontend's hypothesis tests), and the oracle itself is checked against the core
 reference on small draws whose sums are exact in any order.
@@ -19,9 +20,11 @@ reference on small draws whose sums are exact in any order.
 import contextlib
 import json
 import os
+import sys
 import time
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -44,6 +47,14 @@ EXAMPLES = int(os.environ.get("EMBWGRAD_RANDOM_EXAMPLES", "32"))
 MIN_TOKENS = int(os.environ.get("EMBWGRAD_RANDOM_MIN_TOKENS", "1"))
 #: A file to which each GPU example appends a line: the test, its seconds, the problem (for a campaign's record).
 LOG = os.environ.get("EMBWGRAD_RANDOM_LOG")
+#: Seconds after a GPU random test's first example from which it starts no example (default: no limit).
+#: Those drawn after it return at once, so a campaign ends with pytest's own verdict inside a device
+#: call, rather than cut off by a signal mid-example (session 70's one failure was its process's last
+#: example, at its 250 s timeout: NOTES v75). Once an example has failed, every later one runs, so
+#: hypothesis can still replay and shrink it.
+SECONDS = float(os.environ.get("EMBWGRAD_RANDOM_SECONDS", "inf"))
+_first_example: dict = {}  # test -> time.monotonic() at its first example
+_failed: set = set()  # tests with an example that raised an Exception
 
 #: Token counts where a route or a launch setting changes (either frontend), drawn with an offset.
 THRESHOLDS = (1, CHUNK, BF16_SCRATCH_MIN_TOKENS, FEATURE_PATH_MAX_TOKENS, 4096, FOLD_ROLE_MAX_TOKENS, FOLDERS_MAX_TOKENS,
@@ -191,11 +202,44 @@ def logged(test: str, p: dict):
         yield
     except BaseException as e:
         outcome = f"{type(e).__name__}: {str(e)[:2000]}"
+        if isinstance(e, Exception):
+            _failed.add(test)
         raise
     finally:
         if LOG:
             with open(LOG, "a") as f:
                 f.write(json.dumps(dict(test=test, outcome=outcome, seconds=round(time.perf_counter() - start, 3), **p)) + "\n")
+
+
+def out_of_time(test: str) -> bool:
+    """Whether `test`'s time (EMBWGRAD_RANDOM_SECONDS from its first example) is up, and none of its
+    examples has failed: then the example is not run."""
+    start = _first_example.setdefault(test, time.monotonic())
+    return test not in _failed and time.monotonic() - start >= SECONDS
+
+
+def test_random_campaign_ends_at_its_seconds(monkeypatch):
+    """EMBWGRAD_RANDOM_SECONDS: from that long after a test's first example, its examples are not
+    run, unless one of them has failed (an Exception; a KeyboardInterrupt is not a failure)."""
+    module, now = sys.modules[__name__], [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    for name, value in (("SECONDS", 10.0), ("LOG", None), ("_first_example", {}), ("_failed", set())):
+        monkeypatch.setattr(module, name, value)
+    assert not out_of_time("a")  # (its first example starts its clock)
+    now[0] = 109.9
+    assert not out_of_time("a") and not out_of_time("b")
+    now[0] = 110.0
+    assert out_of_time("a") and not out_of_time("b")
+    with pytest.raises(KeyboardInterrupt), logged("a", {}):
+        raise KeyboardInterrupt
+    assert out_of_time("a")
+    with pytest.raises(AssertionError), logged("a", {}):
+        raise AssertionError
+    assert not out_of_time("a")
+    now[0] = 119.8
+    assert not out_of_time("b")  # (its clock started at 109.9)
+    now[0] = 119.9
+    assert out_of_time("b")
 
 
 def poisoned(grad, masked):
@@ -205,7 +249,8 @@ def poisoned(grad, masked):
 
 #: Failed once on an H100 in session 70's campaign (the 192nd example of one of three processes; 578
 #: passed), its error not kept. Not reproduced since (NOTES v71): it and 16 variants 54 times with and
-#: without the poisoned scratch, under initcheck, and among 4303 random examples of its route; not yet explained.
+#: without the poisoned scratch, under initcheck, and among 4303 random examples of its route; not yet explained
+#: (the others ran about 193 each in their 250 s, so the timeout may have made it: NOTES v75).
 SESSION_70_FAILURE = dict(n=94228, hidden=1031, vocab=16, rows=2, dist="zipf", zipf_a=2.5, outside=1.0, id_dtype="int64", grad_dtype="float32",
                           main_dtype="bfloat16", padding="occurring", zero_rows=True, masked=True, seed=4096)
 
@@ -217,6 +262,8 @@ SESSION_70_FAILURE = dict(n=94228, hidden=1031, vocab=16, rows=2, dist="zipf", z
 def test_gpu_random_inputs_torch(p):
     """torch_frontend.accumulate against the dense path, twice (the second call replays the
     first's launches where its key repeats)."""
+    if out_of_time("torch"):
+        return
     with logged("torch", p):
         torch_example(p)
 
@@ -235,6 +282,8 @@ def torch_example(p, oracle=expected_bits):
 @given(p=problems(int64_ids=False, min_n=MIN_TOKENS))
 def test_gpu_random_inputs_jax(p):
     """jax_frontend.accumulate (int32 ids, as JAX without x64 has them) against the dense path."""
+    if out_of_time("jax"):
+        return
     with logged("jax", p):
         jax_example(p)
 
