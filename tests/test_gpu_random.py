@@ -53,8 +53,9 @@ LOG = os.environ.get("EMBWGRAD_RANDOM_LOG")
 #: example, at its 250 s timeout: NOTES v75). Once an example has failed, every later one runs, so
 #: hypothesis can still replay and shrink it.
 SECONDS = float(os.environ.get("EMBWGRAD_RANDOM_SECONDS", "inf"))
-_first_example: dict = {}  # test -> time.monotonic() at its first example
+_first_example: dict = {}  # test -> _clock() at its first example
 _failed: set = set()  # tests with an example that raised an Exception
+_clock = time.monotonic  # (a stand-in in the CPU test of out_of_time)
 
 #: Token counts where a route or a launch setting changes (either frontend), drawn with an offset.
 THRESHOLDS = (1, CHUNK, BF16_SCRATCH_MIN_TOKENS, FEATURE_PATH_MAX_TOKENS, 4096, FOLD_ROLE_MAX_TOKENS, FOLDERS_MAX_TOKENS,
@@ -214,17 +215,16 @@ def logged(test: str, p: dict):
 def out_of_time(test: str) -> bool:
     """Whether `test`'s time (EMBWGRAD_RANDOM_SECONDS from its first example) is up, and none of its
     examples has failed: then the example is not run."""
-    start = _first_example.setdefault(test, time.monotonic())
-    return test not in _failed and time.monotonic() - start >= SECONDS
+    start = _first_example.setdefault(test, _clock())
+    return test not in _failed and _clock() - start >= SECONDS
 
 
 def test_random_campaign_ends_at_its_seconds(monkeypatch):
     """EMBWGRAD_RANDOM_SECONDS: from that long after a test's first example, its examples are not
     run, unless one of them has failed (an Exception; a KeyboardInterrupt is not a failure)."""
-    module, now = sys.modules[__name__], [100.0]
-    monkeypatch.setattr(time, "monotonic", lambda: now[0])
-    for name, value in (("SECONDS", 10.0), ("LOG", None), ("_first_example", {}), ("_failed", set())):
-        monkeypatch.setattr(module, name, value)
+    now = [100.0]
+    for name, value in (("SECONDS", 10.0), ("LOG", None), ("_first_example", {}), ("_failed", set()), ("_clock", lambda: now[0])):
+        monkeypatch.setattr(sys.modules[__name__], name, value)
     assert not out_of_time("a")  # (its first example starts its clock)
     now[0] = 109.9
     assert not out_of_time("a") and not out_of_time("b")
