@@ -5,6 +5,8 @@ tensors from the same bits. Values are random normals at several scales, never a
 """
 
 import functools
+import gc
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -410,3 +412,38 @@ def assert_bits_equal(actual, expected, what: str = "main_grad") -> None:
             f"{what}: {len(where)} of {differ.size} elements differ, rows {np.unique(where[:, 0])[:16].tolist()}; "
             f"first at {first}: got {a}, expected {e}"
         )
+
+
+def memory_maps() -> int:
+    """How many memory maps this process holds (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return f.read().count(b"\n")
+    except OSError:
+        return 0
+
+
+@functools.cache
+def memory_maps_limit() -> int:
+    """The kernel's limit on a process's memory maps (vm.max_map_count; 65530 unless raised)."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530
+
+
+def release_compiled_code() -> bool:
+    """jax's caches cleared, and True, once this process holds half its memory maps' limit.
+
+    XLA:CPU keeps each compiled executable's code in memory maps of its own (about 210 for each new
+    shape of an accumulate call in Pallas interpret mode) for as long as jax caches it, and the
+    compile after the limit segfaults: the JAX random test at 100 times its examples did, at 65345
+    maps after 263 examples (session 75). The CPU suite peaks at about 27500 in one process today.
+    jax.clear_caches() gives the maps back; a later call of a cleared shape compiles again."""
+    jax = sys.modules.get("jax")
+    if jax is None or memory_maps() < memory_maps_limit() // 2:
+        return False
+    jax.clear_caches()
+    gc.collect()
+    return True

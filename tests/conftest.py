@@ -85,3 +85,10 @@ def pytest_collection_modifyitems(config, items):
         # reports still split the id into module and name)
         function = f"{item.module.__name__.rpartition('.')[2]}.{item.originalname}" if hasattr(item, "originalname") else "other"
         item.add_marker(pytest.mark.xdist_group(GPU_MEMORY_GROUP if _holds_gpu_memory(item) else function))
+
+
+def pytest_runtest_teardown(item):
+    """After each test, jax's compiled code let go if this process nears its limit of memory maps."""
+    from tests.cases import release_compiled_code
+
+    release_compiled_code()

@@ -37,3 +37,40 @@ def test_the_gpu_memory_group():
     assert all(verdicts[name] == "0" for name in SMALL)
     big = [name for name, verdict in verdicts.items() if verdict == "1"]
     assert all("gpu" in name for name in big), big
+
+
+# A fresh process on XLA:CPU compiles three new shapes of accumulate (Pallas interpret mode), then
+# asks release_compiled_code() to let their code go, first at the real limit of memory maps (far off)
+# and then at a stand-in limit of 2 maps.
+RELEASE = """
+import numpy as np, jax, jax.numpy as jnp
+import jax_frontend
+from tests import cases
+
+def call(n):
+    return np.asarray(jax_frontend.accumulate(jnp.arange(n, dtype=jnp.int32) % 5, jnp.full((n, 3), 0.1, jnp.float32),
+                                              jnp.zeros((5, 3), jnp.float32)))
+
+first = [call(n) for n in (37, 38, 39)]
+compiled = cases.memory_maps()
+print("KEPT", int(cases.release_compiled_code()), compiled, cases.memory_maps())
+cases.memory_maps_limit = lambda: 2
+print("RELEASED", int(cases.release_compiled_code()), compiled, cases.memory_maps())
+print("SAME", int(all(np.array_equal(a.view(np.uint32), call(n).view(np.uint32)) for a, n in zip(first, (37, 38, 39)))))
+"""
+
+
+def test_compiled_code_released_near_the_limit_of_memory_maps():
+    """tests.cases.release_compiled_code (after every test, and in the JAX random test's examples):
+    nothing while the process is far below half its limit of memory maps; at it, jax's caches are
+    cleared and the maps of XLA:CPU's compiled code given back (three shapes hold about 600), and a
+    shape called again compiles again and gives the same bits."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([sys.executable, "-c", RELEASE], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    lines = {line.split()[0]: [int(x) for x in line.split()[1:]] for line in run.stdout.splitlines() if line.split()[:1] in (["KEPT"], ["RELEASED"], ["SAME"])}
+    kept, released = lines["KEPT"], lines["RELEASED"]
+    assert kept[0] == 0 and kept[2] >= kept[1] - 50, kept
+    assert released[0] == 1 and released[2] < released[1] - 300, released
+    assert lines["SAME"] == [1]
