@@ -36,7 +36,7 @@ from embwgrad_core import reference
 from embwgrad_core import CHUNK, FEATURE_PATH_MAX_TOKENS, MASKED_MERGE_SORT_MAX_TOKENS, MERGE_SORT_MAX_TOKENS
 from embwgrad_core.constants import BF16_SCRATCH_MIN_TOKENS, FOLD_ROLE_MAX_TOKENS
 from embwgrad_core.validate import normalize_padding_idx
-from tests.cases import assert_bits_equal, zipf_ids
+from tests.cases import assert_bits_equal, release_compiled_code, zipf_ids
 from tests.test_cross_framework import requires_gpus
 from tests.test_torch_frontend import DEVICE, TORCH_DTYPES, assert_rows_bits_equal, dense_reference, requires_cuda, to_numpy, to_torch
 from tests.test_torch_frontend import poisoned_scratch  # noqa: F401 (autouse: this module's scratch is poisoned too)
@@ -284,6 +284,7 @@ def test_gpu_random_inputs_jax(p):
     """jax_frontend.accumulate (int32 ids, as JAX without x64 has them) against the dense path."""
     if out_of_time("jax"):
         return
+    release_compiled_code()  # (each example compiles its own shapes: NOTES v75 item 3)
     with logged("jax", p):
         jax_example(p)
 

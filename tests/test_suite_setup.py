@@ -61,10 +61,10 @@ print("SAME", int(all(np.array_equal(a.view(np.uint32), call(n).view(np.uint32))
 
 
 def test_compiled_code_released_near_the_limit_of_memory_maps():
-    """tests.cases.release_compiled_code (after every test, and in the JAX random test's examples):
-    nothing while the process is far below half its limit of memory maps; at it, jax's caches are
-    cleared and the maps of XLA:CPU's compiled code given back (three shapes hold about 600), and a
-    shape called again compiles again and gives the same bits."""
+    """tests.cases.release_compiled_code (after every test, and before each example of the JAX
+    random tests): nothing while the process is far below half its limit of memory maps; at it,
+    jax's caches are cleared and the maps of XLA:CPU's compiled code given back (three shapes hold
+    about 600), and a shape called again compiles again and gives the same bits."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     run = subprocess.run([sys.executable, "-c", RELEASE], cwd=root, env=env, capture_output=True, text=True, timeout=300)
