@@ -49,9 +49,9 @@ MIN_TOKENS = int(os.environ.get("EMBWGRAD_RANDOM_MIN_TOKENS", "1"))
 LOG = os.environ.get("EMBWGRAD_RANDOM_LOG")
 #: Seconds after a GPU random test's first example from which it starts no example (default: no limit).
 #: Those drawn after it return at once, so a campaign ends with pytest's own verdict inside a device
-#: call, rather than cut off by a signal mid-example (session 70's one failure was its process's last
-#: example, at its 250 s timeout: NOTES v75). Once an example has failed, every later one runs, so
-#: hypothesis can still replay and shrink it.
+#: call, rather than cut off by a signal mid-example (session 70's one failure came at about its
+#: process's last example, near its 250 s timeout: NOTES v75). Once an example has failed, every
+#: later one runs, so hypothesis can still replay and shrink it.
 SECONDS = float(os.environ.get("EMBWGRAD_RANDOM_SECONDS", "inf"))
 _first_example: dict = {}  # test -> _clock() at its first example
 _failed: set = set()  # tests with an example that raised an Exception

@@ -69,7 +69,8 @@ def test_compiled_code_released_near_the_limit_of_memory_maps():
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     run = subprocess.run([sys.executable, "-c", RELEASE], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    lines = {line.split()[0]: [int(x) for x in line.split()[1:]] for line in run.stdout.splitlines() if line.split()[:1] in (["KEPT"], ["RELEASED"], ["SAME"])}
+    fields = [line.split() for line in run.stdout.splitlines()]
+    lines = {f[0]: [int(x) for x in f[1:]] for f in fields if f and f[0] in ("KEPT", "RELEASED", "SAME")}
     kept, released = lines["KEPT"], lines["RELEASED"]
     assert kept[0] == 0 and kept[2] >= kept[1] - 50, kept
     assert released[0] == 1 and released[2] < released[1] - 300, released
